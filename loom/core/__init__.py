@@ -1,0 +1,1 @@
+"""The scheduling core: jobs, decisions, protocols. Knows nothing of sim vs live."""

@@ -1,0 +1,85 @@
+"""Decisions are data: what a policy wants done, each with a readable reason.
+
+A backend (simulated or live) applies them in order and logs them, so a run
+can be explained and replayed decision by decision.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loom.core.plan import ParallelPlan
+from loom.hardware.state import Allocation
+
+
+@dataclass(frozen=True, slots=True)
+class Start:
+    job_id: str
+    allocation: Allocation
+    reason: str
+    plan: ParallelPlan | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Preempt:
+    """Stop a running job, keep its progress, put it back in the queue."""
+
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """Restart a preempted job (possibly elsewhere) from its saved progress."""
+
+    job_id: str
+    allocation: Allocation
+    reason: str
+    plan: ParallelPlan | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Migrate:
+    """Move a running job to other GPUs of the same count."""
+
+    job_id: str
+    allocation: Allocation
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resize:
+    """Give a running job a different number of GPUs, keeping its logical world size."""
+
+    job_id: str
+    allocation: Allocation
+    reason: str
+    plan: ParallelPlan | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Reserve:
+    """Hold nodes until `until` for a (usually announced, not yet arrived) job."""
+
+    reservation_id: int
+    nodes: tuple[int, ...]
+    until: float
+    for_job: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    reservation_id: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Timer:
+    """Ask for a scheduling round at time `at` (e.g. a reservation's deadline)."""
+
+    at: float
+    reason: str
+
+
+Decision = Start | Preempt | Resume | Migrate | Resize | Reserve | Release | Timer

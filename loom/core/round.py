@@ -1,0 +1,59 @@
+"""A scheduling round's scratch pad: a private copy of the state plus the
+decisions made so far, so a policy can place several jobs consistently."""
+
+from __future__ import annotations
+
+from loom.core.context import SchedulingContext
+from loom.core.decisions import Decision, Preempt, Resume, Start
+from loom.core.jobs import Job
+from loom.core.plan import ParallelPlan
+from loom.core.protocols import Placer
+from loom.hardware.state import Allocation, ClusterState
+
+
+class RoundPlan:
+    __slots__ = ("ctx", "decisions", "_state", "placer")
+
+    def __init__(self, ctx: SchedulingContext, placer: Placer | None = None) -> None:
+        self.ctx = ctx
+        self.placer = placer or ctx.placer
+        self.decisions: list[Decision] = []
+        self._state: ClusterState | None = None
+
+    @property
+    def state(self) -> ClusterState:
+        """Copy-on-first-use: rounds that change nothing copy nothing."""
+        if self._state is None:
+            self._state = self.ctx.state.copy()
+        return self._state
+
+    def fits_by_count(self, gpus: int) -> bool:
+        state = self._state if self._state is not None else self.ctx.state
+        return gpus <= state.free_total
+
+    def place(self, job: Job, gpus: int | None = None) -> Allocation | None:
+        gpus = gpus or job.gpus
+        if not self.fits_by_count(gpus):
+            return None
+        state = self.state
+        allowed = state.usable_mask(self.ctx.reservation_for(job.job_id) if self.ctx.reservations else None,
+                                    job.spec.gpu_type)
+        return self.placer.place(job.spec, gpus, state, allowed)
+
+    def try_start(self, job: Job, reason: str, plan: ParallelPlan | None = None) -> Allocation | None:
+        """Place and record Start (or Resume for a preempted job); None if it does not fit."""
+        alloc = self.place(job)
+        if alloc is not None:
+            self.start(job, alloc, reason, plan)
+        return alloc
+
+    def start(self, job: Job, alloc: Allocation, reason: str, plan: ParallelPlan | None = None) -> None:
+        self.state.allocate(alloc)
+        kind = Resume if job.first_start is not None else Start
+        self.decisions.append(kind(job.job_id, alloc, f"{reason}; {self.placer.name} on {len(alloc.nodes)} node(s)",
+                                   plan))
+
+    def preempt(self, job: Job, reason: str) -> None:
+        assert job.allocation is not None
+        self.state.release(job.allocation)
+        self.decisions.append(Preempt(job.job_id, reason))

@@ -1,0 +1,1 @@
+"""Hardware model: GPU specs, cluster topologies and allocation state."""

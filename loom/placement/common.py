@@ -1,0 +1,79 @@
+"""Shared placement arithmetic on free-GPU arrays.
+
+Placers see `free` already masked (disallowed nodes count as 0 free), and a job
+never spans GPU types: on a heterogeneous cluster a multi-node job is placed
+within one type at a time and the placer keeps the best result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from loom.hardware.state import Allocation, ClusterState
+
+NOT_FIT = np.iinfo(np.int32).max
+
+
+def masked_free(state: ClusterState, allowed: np.ndarray | None) -> np.ndarray:
+    return state.free if allowed is None else np.where(allowed, state.free, 0)
+
+
+def type_groups(state: ClusterState, free: np.ndarray) -> Iterator[np.ndarray]:
+    """`free` restricted to one GPU type at a time (once if the cluster is homogeneous)."""
+    topo = state.topology
+    if topo.homogeneous:
+        yield free
+        return
+    for tid in range(len(topo.gpu_types)):
+        yield np.where(topo.node_type == tid, free, 0)
+
+
+def tightest_node(free: np.ndarray, gpus: int, exclude: np.ndarray | None = None) -> int | None:
+    """Index of the node with the fewest free GPUs that still holds `gpus`."""
+    cand = np.where(free >= gpus, free, NOT_FIT)
+    if exclude is not None:
+        cand[exclude] = NOT_FIT
+    node = int(cand.argmin())
+    return None if cand[node] == NOT_FIT else node
+
+
+def take_in_order(free: np.ndarray, order: np.ndarray, gpus: int) -> Allocation | None:
+    """Whole free capacity of nodes in `order` until `gpus` are covered; the last node gives the rest."""
+    caps = free[order]
+    total = np.cumsum(caps)
+    if total.size == 0 or total[-1] < gpus:
+        return None
+    k = int(np.searchsorted(total, gpus))
+    nodes = order[: k + 1]
+    counts = caps[: k + 1].copy()
+    counts[-1] = gpus - (int(total[k - 1]) if k else 0)
+    keep = counts > 0
+    return Allocation(tuple(nodes[keep].tolist()), tuple(counts[keep].tolist()))
+
+
+def fewest_nodes_then_remainder(free: np.ndarray, gpus: int) -> Allocation | None:
+    """Minimum node count: fullest-free nodes first, remainder on the tightest other node."""
+    order = np.argsort(-free, kind="stable")
+    alloc = take_in_order(free, order, gpus)
+    if alloc is None or len(alloc.nodes) == 1:
+        return alloc
+    full_nodes = np.asarray(alloc.nodes[:-1])
+    rest = alloc.gpus[-1]
+    last = tightest_node(free, rest, exclude=full_nodes)
+    if last is None:
+        return alloc
+    return Allocation(alloc.nodes[:-1] + (last,), alloc.gpus[:-1] + (rest,))
+
+
+def best_over_types(
+    state: ClusterState, free: np.ndarray, gpus: int, place_one: Callable[[np.ndarray], Allocation | None]
+) -> Allocation | None:
+    """Run `place_one` per GPU type; keep the allocation on the fewest nodes."""
+    best: Allocation | None = None
+    for group_free in type_groups(state, free):
+        alloc = place_one(group_free)
+        if alloc is not None and (best is None or len(alloc.nodes) < len(best.nodes)):
+            best = alloc
+    return best

@@ -1,0 +1,1 @@
+"""Scheduling policies: one module each, registered by name in POLICIES."""

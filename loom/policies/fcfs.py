@@ -1,0 +1,23 @@
+"""First-come first-served: start jobs in queue order; stop at the first that
+does not fit (no job overtakes an earlier one)."""
+
+from __future__ import annotations
+
+from loom.core.context import SchedulingContext
+from loom.core.decisions import Decision
+from loom.core.protocols import POLICIES
+from loom.core.round import RoundPlan
+
+
+@POLICIES.register("fcfs")
+class FCFS:
+    name = "fcfs"
+
+    def schedule(self, ctx: SchedulingContext) -> list[Decision]:
+        if not ctx.pending:
+            return []
+        plan = RoundPlan(ctx)
+        for position, job in enumerate(ctx.pending.values()):
+            if plan.try_start(job, f"fcfs: queue position {position}") is None:
+                break
+        return plan.decisions

@@ -1,0 +1,1 @@
+"""Metrics, tables and reports from simulation results."""

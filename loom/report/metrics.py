@@ -1,0 +1,82 @@
+"""Per-job records and the run summary, computed once from a finished run."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from loom.core.jobs import JobState
+from loom.sim.engine import SimulationResult
+
+
+def job_records(result: SimulationResult) -> pl.DataFrame:
+    """One row per job: times, sizes, where it ran and how often it was interrupted."""
+    topo = result.topology
+    tiers = [t.name for t in topo.tiers]
+    rows: dict[str, list] = {k: [] for k in (
+        "job_id", "state", "submit", "start", "end", "queue_s", "jct_s", "run_s", "gpus", "gpu_type", "nodes",
+        "preemptions", "migrations", "resizes", "failures", "gpu_seconds", "job_class", "vc", "reason")}
+    spans: list[tuple[int, ...]] = []
+    for job in result.jobs:
+        spec = job.spec
+        alloc = job.allocation
+        start, end = job.first_start, job.end_time
+        rows["job_id"].append(spec.job_id)
+        rows["state"].append(job.state.name.lower())
+        rows["submit"].append(spec.submit_time)
+        rows["start"].append(start)
+        rows["end"].append(end)
+        rows["queue_s"].append(None if start is None else start - spec.submit_time)
+        rows["jct_s"].append(None if end is None else end - spec.submit_time)
+        rows["run_s"].append(spec.duration)
+        rows["gpus"].append(spec.gpus)
+        rows["gpu_type"].append(None if alloc is None else topo.gpu_types[topo.node_type[alloc.nodes[0]]])
+        rows["nodes"].append(0 if alloc is None else len(alloc.nodes))
+        rows["preemptions"].append(job.preemptions)
+        rows["migrations"].append(job.migrations)
+        rows["resizes"].append(job.resizes)
+        rows["failures"].append(job.failures)
+        rows["gpu_seconds"].append(job.gpu_seconds)
+        rows["job_class"].append(spec.job_class.value)
+        rows["vc"].append(spec.vc)
+        rows["reason"].append(job.reason or None)
+        spans.append((0,) * len(tiers) if alloc is None else topo.switches_spanned(alloc.nodes))
+    frame = pl.DataFrame(rows, schema_overrides={"start": pl.Float64, "end": pl.Float64, "queue_s": pl.Float64,
+                                                 "jct_s": pl.Float64, "run_s": pl.Float64})
+    span_cols = {f"{name}_spanned": [s[i] for s in spans] for i, name in enumerate(tiers)}
+    return frame.with_columns(**{k: pl.Series(v, dtype=pl.Int32) for k, v in span_cols.items()})
+
+
+def summary(result: SimulationResult) -> dict[str, float | int]:
+    finished = [j for j in result.jobs if j.state is JobState.FINISHED]
+    jct = np.array([j.end_time - j.spec.submit_time for j in finished], dtype=float)
+    queue = np.array([j.first_start - j.spec.submit_time for j in result.jobs if j.first_start is not None],
+                     dtype=float)
+    makespan = result.end_time - result.start_time
+    available = result.topology.total_gpus * makespan - result.failed_gpu_seconds
+    return {
+        "jobs": len(result.jobs),
+        "finished": len(finished),
+        "rejected": len(result.rejected),
+        "unfinished": sum(1 for j in result.jobs if j.state in (JobState.PENDING, JobState.RUNNING)),
+        "avg_jct_s": _stat(jct, np.mean),
+        "p50_jct_s": _stat(jct, np.median),
+        "p99_jct_s": _stat(jct, lambda a: np.percentile(a, 99)),
+        "avg_queue_s": _stat(queue, np.mean),
+        "p50_queue_s": _stat(queue, np.median),
+        "p99_queue_s": _stat(queue, lambda a: np.percentile(a, 99)),
+        "makespan_s": makespan,
+        "gpu_utilization": result.busy_gpu_seconds / available if available > 0 else 0.0,
+        "busy_gpu_seconds": result.busy_gpu_seconds,
+        "preemptions": sum(j.preemptions for j in result.jobs),
+        "failure_evictions": sum(j.failures for j in result.jobs),
+        "decisions": len(result.decisions),
+        "events": result.events,
+        "rounds": result.rounds,
+        "sim_wall_s": result.sim_wall_s,
+        "events_per_s": result.events / result.sim_wall_s if result.sim_wall_s > 0 else 0.0,
+    }
+
+
+def _stat(values: np.ndarray, fn) -> float:  # type: ignore[no-untyped-def]
+    return float(fn(values)) if values.size else 0.0

@@ -1,0 +1,1 @@
+"""The discrete-event simulator: the backend that replays traces against the core."""

@@ -1,0 +1,158 @@
+"""The simulated backend: applies decisions to the cluster state and jobs,
+keeping each job's progress exact between events (piecewise-constant rates)."""
+
+from __future__ import annotations
+
+from loom.core.context import Reservation, SchedulingContext
+from loom.core.decisions import Decision, Migrate, Preempt, Release, Reserve, Resize, Resume, Start, Timer
+from loom.core.jobs import Job, JobState
+from loom.core.protocols import SpeedModel
+from loom.hardware.state import Allocation, ClusterState
+from loom.sim.events import EventKind, EventQueue
+
+
+class DecisionError(RuntimeError):
+    """A policy returned a decision that cannot be applied: a bug in the policy."""
+
+
+class SimBackend:
+    def __init__(self, ctx: SchedulingContext, jobs: dict[str, Job], speed: SpeedModel, events: EventQueue,
+                 log: list[tuple[float, Decision]] | None) -> None:
+        self.ctx = ctx
+        self.state: ClusterState = ctx.state
+        self.jobs = jobs
+        self.speed = speed
+        self.events = events
+        self.log = log
+        self.busy_gpu_seconds = 0.0
+
+    # --------------------------------------------------------------- apply
+    def apply(self, decisions: list[Decision], now: float) -> bool:
+        """Apply in order; True if any job started or stopped."""
+        changed = False
+        for d in decisions:
+            handler = _HANDLERS.get(type(d))
+            if handler is None:
+                raise DecisionError(f"unknown decision type {type(d).__name__}")
+            changed |= handler(self, d, now)
+            if self.log is not None:
+                self.log.append((now, d))
+        return changed
+
+    def _job(self, job_id: str, *expected: JobState) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise DecisionError(f"decision names unknown job '{job_id}'")
+        if job.state not in expected:
+            raise DecisionError(f"job '{job_id}' is {job.state.name}, expected {'/'.join(s.name for s in expected)}")
+        return job
+
+    def _start(self, d: Start | Resume, now: float) -> bool:
+        job = self._job(d.job_id, JobState.PENDING)
+        self.state.allocate(d.allocation)
+        del self.ctx.pending[job.job_id]
+        self.ctx.running[job.job_id] = job
+        job.state = JobState.RUNNING
+        job.plan = d.plan
+        if job.first_start is None:
+            job.first_start = now
+        self._run_on(job, d.allocation, now)
+        return True
+
+    def _preempt(self, d: Preempt, now: float) -> bool:
+        job = self._job(d.job_id, JobState.RUNNING)
+        self.stop(job, now)
+        job.preemptions += 1
+        job.state = JobState.PENDING
+        self.ctx.pending[job.job_id] = job
+        return True
+
+    def _migrate(self, d: Migrate | Resize, now: float) -> bool:
+        job = self._job(d.job_id, JobState.RUNNING)
+        if isinstance(d, Migrate) and d.allocation.total != job.allocation.total:  # type: ignore[union-attr]
+            raise DecisionError(f"migrate of '{job.job_id}' changes its GPU count; use Resize")
+        self._settle(job, now)
+        self.state.release(job.allocation)  # type: ignore[arg-type]
+        self.state.allocate(d.allocation)
+        if isinstance(d, Resize):
+            job.resizes += 1
+            job.plan = d.plan or job.plan
+        else:
+            job.migrations += 1
+        self._run_on(job, d.allocation, now)
+        return True
+
+    def _reserve(self, d: Reserve, now: float) -> bool:
+        if d.reservation_id in self.ctx.reservations:
+            raise DecisionError(f"reservation {d.reservation_id} already exists")
+        self.state.reserve(d.nodes, d.reservation_id)
+        self.ctx.reservations[d.reservation_id] = Reservation(
+            d.reservation_id, d.nodes, d.until, d.for_job)
+        self.ctx.next_reservation_id = max(self.ctx.next_reservation_id, d.reservation_id + 1)
+        self.events.push(d.until, EventKind.TIMER, ("expire", d.reservation_id))
+        return False
+
+    def _release(self, d: Release, now: float) -> bool:
+        if self.ctx.reservations.pop(d.reservation_id, None) is None:
+            raise DecisionError(f"no reservation {d.reservation_id} to release")
+        self.state.unreserve(d.reservation_id)
+        return False
+
+    def _timer(self, d: Timer, now: float) -> bool:
+        if d.at < now:
+            raise DecisionError(f"timer in the past ({d.at} < {now})")
+        self.events.push(d.at, EventKind.TIMER, ("wake", None))
+        return False
+
+    # ------------------------------------------------------------ progress
+    def _run_on(self, job: Job, alloc: Allocation, now: float) -> None:
+        rate = self.speed.rate(job, alloc, self.ctx.topology)
+        if not rate > 0:
+            raise DecisionError(f"speed model gave rate {rate} for job '{job.job_id}'")
+        job.allocation = alloc
+        job.rate = rate
+        job.since = now
+        job.last_start = now
+        job.finish_version += 1
+        self.events.push(now + job.remaining / rate, EventKind.FINISH, (job.key, job.finish_version))
+        self.ctx.releases.add(job.key, self.ctx.expected_end(job), alloc.total)
+
+    def _settle(self, job: Job, now: float) -> None:
+        """Bring `remaining` and GPU-seconds up to `now` before the rate or allocation changes."""
+        elapsed = now - job.since
+        job.remaining = max(0.0, job.remaining - job.rate * elapsed)
+        gpu_s = elapsed * job.allocation.total  # type: ignore[union-attr]
+        job.gpu_seconds += gpu_s
+        self.busy_gpu_seconds += gpu_s
+        job.since = now
+
+    def stop(self, job: Job, now: float) -> None:
+        """Take a running job off its GPUs (preemption, failure), keeping its progress."""
+        self._settle(job, now)
+        self.state.release(job.allocation)  # type: ignore[arg-type]
+        del self.ctx.running[job.job_id]
+        self.ctx.releases.remove(job.key)
+        job.rate = 0.0
+        job.finish_version += 1
+
+    def finish(self, job: Job, now: float) -> None:
+        self._settle(job, now)
+        job.remaining = 0.0
+        self.state.release(job.allocation)  # type: ignore[arg-type]
+        del self.ctx.running[job.job_id]
+        self.ctx.releases.remove(job.key)
+        job.state = JobState.FINISHED
+        job.end_time = now
+        job.rate = 0.0
+
+
+_HANDLERS = {
+    Start: SimBackend._start,
+    Resume: SimBackend._start,
+    Preempt: SimBackend._preempt,
+    Migrate: SimBackend._migrate,
+    Resize: SimBackend._migrate,
+    Reserve: SimBackend._reserve,
+    Release: SimBackend._release,
+    Timer: SimBackend._timer,
+}

@@ -1,0 +1,192 @@
+"""The discrete-event loop: jump from event to event, one scheduling round
+per instant at which something changed.
+
+Arrivals are read from the time-sorted trace through a cursor instead of
+being pushed onto the heap, so the heap only holds what is in flight.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from loom.core.context import SchedulingContext, oracle_runtime
+from loom.core.decisions import Decision, Preempt, Release
+from loom.core.jobs import Job, JobState
+from loom.core.protocols import Placer, Policy, SpeedModel
+from loom.errors import LoomInputError
+from loom.hardware.state import ClusterState
+from loom.hardware.topology import Topology
+from loom.sim.backend import SimBackend
+from loom.sim.events import EventKind, EventQueue, NodeFailure
+from loom.sim.speed import TraceDurationSpeed
+from loom.workload.job import JobSpec
+
+ProgressCallback = Callable[[float], None]
+PROGRESS_EVERY = 16384
+
+
+@dataclass
+class SimulationResult:
+    topology: Topology
+    jobs: list[Job]
+    decisions: list[tuple[float, Decision]]
+    events: int
+    rounds: int
+    sim_wall_s: float
+    busy_gpu_seconds: float
+    failed_gpu_seconds: float
+    start_time: float
+    end_time: float
+    rejected: dict[str, str] = field(default_factory=dict)
+
+
+class Simulation:
+    def __init__(
+        self,
+        topology: Topology,
+        specs: Sequence[JobSpec],
+        policy: Policy,
+        placer: Placer,
+        speed: SpeedModel | None = None,
+        *,
+        round_interval: float | None = None,
+        failures: Sequence[NodeFailure] = (),
+        runtime_estimate: Callable[[Job], float] = oracle_runtime,
+        log_decisions: bool = True,
+    ) -> None:
+        self.topology = topology
+        self.policy = policy
+        self.round_interval = round_interval
+        ordered = sorted(specs, key=lambda s: s.submit_time)
+        self.jobs = [Job(spec, key) for key, spec in enumerate(ordered)]
+        self.by_id = {job.job_id: job for job in self.jobs}
+        if len(self.by_id) != len(self.jobs):
+            raise LoomInputError("job ids must be unique within a trace", field="job_id")
+        self.events = EventQueue()
+        self.ctx = SchedulingContext(topology, ClusterState(topology), placer, {}, {}, {}, {},
+                                     runtime_estimate=runtime_estimate)
+        self.log: list[tuple[float, Decision]] | None = [] if log_decisions else None
+        self.backend = SimBackend(self.ctx, self.by_id, speed or TraceDurationSpeed(), self.events, self.log)
+        self.rejected: dict[str, str] = {}
+        self._failed_since: dict[int, float] = {}
+        self.failed_gpu_seconds = 0.0
+        for job in self.jobs:
+            if job.spec.announce_time is not None:
+                job.state = JobState.ANNOUNCED
+                self.events.push(job.spec.announce_time, EventKind.ANNOUNCE, job.key)
+        for failure in failures:
+            node = topology.node_index.get(failure.node)
+            if node is None:
+                raise LoomInputError(f"unknown node '{failure.node}' in failure list", field="failures.node")
+            self.events.push(failure.at, EventKind.NODE_FAILURE, (node, failure.repair_after))
+
+    # ------------------------------------------------------------------ loop
+    def run(self, progress: ProgressCallback | None = None) -> SimulationResult:
+        wall = time.perf_counter()
+        jobs, events, ctx, backend = self.jobs, self.events, self.ctx, self.backend
+        cursor, n = 0, len(jobs)
+        handled = rounds = 0
+        round_pending = False
+        next_progress = PROGRESS_EVERY
+        now = jobs[0].spec.submit_time if jobs else 0.0
+        start_time = now
+        while True:
+            next_arrival = jobs[cursor].spec.submit_time if cursor < n else float("inf")
+            now = min(next_arrival, events.peek_time())
+            if now == float("inf"):
+                break
+            ctx.now = now
+            dirty = False
+            while events and events.peek_time() == now:
+                _, kind, _, payload = events.pop()
+                if kind == EventKind.FINISH:
+                    job = jobs[payload[0]]
+                    if job.finish_version != payload[1] or job.state is not JobState.RUNNING:
+                        continue  # stale: the job was preempted, migrated or resized since
+                    backend.finish(job, now)
+                elif kind == EventKind.ROUND:
+                    round_pending = False
+                else:
+                    self._handle(kind, payload, now)
+                dirty = True
+                handled += 1
+            while cursor < n and jobs[cursor].spec.submit_time == now:
+                self._arrive(jobs[cursor])
+                cursor += 1
+                handled += 1
+                dirty = True
+            if dirty:
+                decisions = self.policy.schedule(ctx)
+                if decisions:
+                    backend.apply(decisions, now)
+                rounds += 1
+                if self.round_interval and ctx.pending and not round_pending:
+                    events.push(now + self.round_interval, EventKind.ROUND)
+                    round_pending = True
+            if progress is not None and handled >= next_progress:
+                progress(now)
+                next_progress = handled + PROGRESS_EVERY
+        end_time = max((j.end_time for j in jobs if j.end_time is not None), default=start_time)
+        for node, since in self._failed_since.items():
+            self.failed_gpu_seconds += (end_time - since) * int(self.topology.node_gpus[node])
+        if progress is not None:
+            progress(end_time)
+        return SimulationResult(
+            topology=self.topology, jobs=jobs, decisions=self.log or [], events=handled, rounds=rounds,
+            sim_wall_s=time.perf_counter() - wall, busy_gpu_seconds=backend.busy_gpu_seconds,
+            failed_gpu_seconds=self.failed_gpu_seconds, start_time=start_time, end_time=end_time,
+            rejected=self.rejected,
+        )
+
+    # -------------------------------------------------------------- handlers
+    def _arrive(self, job: Job) -> None:
+        spec = job.spec
+        self.ctx.announced.pop(job.job_id, None)
+        capacity = self.topology.max_gpus_of_type(spec.gpu_type)
+        if spec.gpus > capacity:
+            job.state = JobState.REJECTED
+            kind = f"{spec.gpu_type} " if spec.gpu_type else ""
+            job.reason = f"asks for {spec.gpus} GPUs; the cluster has {capacity} {kind}GPUs"
+            self.rejected[job.job_id] = job.reason
+            return
+        job.state = JobState.PENDING
+        job.since = spec.submit_time
+        self.ctx.pending[job.job_id] = job
+
+    def _handle(self, kind: int, payload: object, now: float) -> None:
+        if kind == EventKind.ANNOUNCE:
+            job = self.jobs[payload]  # type: ignore[index]
+            self.ctx.announced[job.job_id] = job
+        elif kind == EventKind.NODE_FAILURE:
+            node, repair_after = payload  # type: ignore[misc]
+            self._fail(node, now)
+            if repair_after != float("inf"):
+                self.events.push(now + repair_after, EventKind.NODE_REPAIR, node)
+        elif kind == EventKind.NODE_REPAIR:
+            node = payload
+            since = self._failed_since.pop(node, None)  # type: ignore[arg-type]
+            if since is not None:
+                self.failed_gpu_seconds += (now - since) * int(self.topology.node_gpus[node])
+            self.ctx.state.repair_node(node)  # type: ignore[arg-type]
+        elif kind == EventKind.TIMER:
+            action, rid = payload  # type: ignore[misc]
+            if action == "expire" and rid in self.ctx.reservations:
+                self.backend.apply([Release(rid, "reservation reached its end time")], now)
+
+    def _fail(self, node: int, now: float) -> None:
+        """Evict every job on the node back to the queue, then take the node down."""
+        if self.ctx.state.failed[node]:
+            return
+        name = self.topology.node_names[node]
+        victims = [j for j in self.ctx.running.values() if node in j.allocation.nodes]  # type: ignore[union-attr]
+        for job in victims:
+            self.backend.stop(job, now)
+            job.failures += 1
+            job.state = JobState.PENDING
+            self.ctx.pending[job.job_id] = job
+            if self.log is not None:
+                self.log.append((now, Preempt(job.job_id, f"evicted: node {name} failed")))
+        self.ctx.state.fail_node(node)
+        self._failed_since[node] = now

@@ -1,0 +1,1 @@
+"""Jobs, job classes and trace loaders."""
