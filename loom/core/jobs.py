@@ -23,13 +23,15 @@ class JobState(IntEnum):
 
 class Job:
     __slots__ = (
-        "spec", "key", "state", "allocation", "plan", "remaining", "rate", "since",
+        "spec", "job_id", "gpus", "key", "state", "allocation", "plan", "remaining", "rate", "since",
         "first_start", "last_start", "end_time", "preemptions", "migrations", "resizes", "failures",
         "gpu_seconds", "finish_version", "reason",
     )
 
     def __init__(self, spec: JobSpec, key: int) -> None:
         self.spec = spec
+        self.job_id = spec.job_id  # copied out of the spec: read in every hot loop
+        self.gpus = spec.gpus
         self.key = key  # dense index, stable for the run
         self.state = JobState.PENDING
         self.allocation: Allocation | None = None
@@ -47,14 +49,6 @@ class Job:
         self.gpu_seconds = 0.0
         self.finish_version = 0
         self.reason = ""
-
-    @property
-    def job_id(self) -> str:
-        return self.spec.job_id
-
-    @property
-    def gpus(self) -> int:
-        return self.spec.gpus
 
     def remaining_at(self, now: float) -> float:
         """Work left at `now` given the current rate (no side effects)."""

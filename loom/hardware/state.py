@@ -41,9 +41,15 @@ class AllocationError(RuntimeError):
 
 
 class ClusterState:
-    """Free / failed / reserved GPUs per node, plus free GPUs per switch."""
+    """Free / failed / reserved GPUs per node, plus free GPUs per switch.
 
-    __slots__ = ("topology", "free", "failed", "reserved_by", "reserved_nodes", "switch_free", "free_total")
+    `copy()` is the hot path of every scheduling round, so it copies only the
+    free-GPU array; `failed` and `reserved_by` change rarely and are replaced
+    (copy-on-write) rather than edited in place, so copies may share them.
+    Per-switch aggregates are derived on demand and cached until the next change.
+    """
+
+    __slots__ = ("topology", "free", "failed", "reserved_by", "reserved_nodes", "free_total", "_switch_free")
 
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
@@ -51,47 +57,54 @@ class ClusterState:
         self.failed = np.zeros(topology.num_nodes, dtype=bool)
         self.reserved_by = np.full(topology.num_nodes, NO_RESERVATION, dtype=np.int32)
         self.reserved_nodes = 0
-        self.switch_free = [
-            np.bincount(topology.switch_of[t], weights=self.free, minlength=topology.num_switches(t)).astype(np.int64)
-            for t in range(len(topology.tiers))
-        ]
         self.free_total = int(self.free.sum())
+        self._switch_free: list[np.ndarray | None] = [None] * len(topology.tiers)
 
     def copy(self) -> ClusterState:
         clone = object.__new__(ClusterState)
         clone.topology = self.topology
         clone.free = self.free.copy()
-        clone.failed = self.failed.copy()
-        clone.reserved_by = self.reserved_by.copy()
+        clone.failed = self.failed
+        clone.reserved_by = self.reserved_by
         clone.reserved_nodes = self.reserved_nodes
-        clone.switch_free = [a.copy() for a in self.switch_free]
         clone.free_total = self.free_total
+        clone._switch_free = list(self._switch_free)
         return clone
+
+    def switch_free(self, tier: int) -> np.ndarray:
+        """Free GPUs under each switch of `tier` (read-only)."""
+        agg = self._switch_free[tier]
+        if agg is None:
+            topo = self.topology
+            agg = np.bincount(topo.switch_of[tier], weights=self.free, minlength=topo.num_switches(tier))
+            agg = agg.astype(np.int64)
+            agg.flags.writeable = False
+            self._switch_free[tier] = agg
+        return agg
 
     # ------------------------------------------------------------ allocation
     def allocate(self, alloc: Allocation) -> None:
         free = self.free
         for node, gpus in zip(alloc.nodes, alloc.gpus):
-            if gpus <= 0 or free[node] < gpus:
+            have = free[node]
+            if gpus <= 0 or have < gpus:
                 raise AllocationError(
-                    f"node {self.topology.node_names[node]} has {int(free[node])} free GPUs, asked for {gpus}"
+                    f"node {self.topology.node_names[node]} has {int(have)} free GPUs, asked for {gpus}"
                 )
-        self._add(alloc, -1)
+            free[node] = have - gpus
+            self.free_total -= gpus
+        self._switch_free = [None] * len(self._switch_free)
 
     def release(self, alloc: Allocation) -> None:
-        self._add(alloc, +1)
-        for node in alloc.nodes:
-            if self.free[node] > self.topology.node_gpus[node]:
-                raise AllocationError(f"node {self.topology.node_names[node]} released more GPUs than it has")
-
-    def _add(self, alloc: Allocation, sign: int) -> None:
-        switch_of = self.topology.switch_of
+        free = self.free
+        capacity = self.topology.node_gpus
         for node, gpus in zip(alloc.nodes, alloc.gpus):
-            delta = sign * gpus
-            self.free[node] += delta
-            for tier, agg in enumerate(self.switch_free):
-                agg[switch_of[tier, node]] += delta
-            self.free_total += delta
+            have = free[node] + gpus
+            if have > capacity[node]:
+                raise AllocationError(f"node {self.topology.node_names[node]} released more GPUs than it has")
+            free[node] = have
+            self.free_total += gpus
+        self._switch_free = [None] * len(self._switch_free)
 
     # -------------------------------------------------------------- failures
     def fail_node(self, node: int) -> None:
@@ -100,25 +113,29 @@ class ClusterState:
             return
         if self.free[node] != self.topology.node_gpus[node]:
             raise AllocationError(f"node {self.topology.node_names[node]} failed with GPUs still allocated")
-        if self.free[node]:
-            self._add(Allocation.single(node, int(self.free[node])), -1)
+        gpus = int(self.free[node])
+        if gpus:
+            self.allocate(Allocation.single(node, gpus))
+        self.failed = self.failed.copy()
         self.failed[node] = True
 
     def repair_node(self, node: int) -> None:
         if not self.failed[node]:
             return
+        self.failed = self.failed.copy()
         self.failed[node] = False
         gpus = int(self.topology.node_gpus[node])
         if gpus:
-            self._add(Allocation.single(node, gpus), +1)
+            self.release(Allocation.single(node, gpus))
 
     # ---------------------------------------------------------- reservations
     def reserve(self, nodes: Sequence[int], reservation: int) -> None:
+        self.reserved_by = self.reserved_by.copy()
         self.reserved_by[list(nodes)] = reservation
         self.reserved_nodes = int((self.reserved_by != NO_RESERVATION).sum())
 
     def unreserve(self, reservation: int) -> None:
-        self.reserved_by[self.reserved_by == reservation] = NO_RESERVATION
+        self.reserved_by = np.where(self.reserved_by == reservation, NO_RESERVATION, self.reserved_by)
         self.reserved_nodes = int((self.reserved_by != NO_RESERVATION).sum())
 
     # --------------------------------------------------------------- queries
@@ -131,9 +148,9 @@ class ClusterState:
         if self.reserved_nodes:
             reserved = self.reserved_by != NO_RESERVATION
             mask = ~reserved if reservation is None else (~reserved | (self.reserved_by == reservation))
-        if gpu_type is not None and not (self.topology.homogeneous and self.topology.gpu_types[0] == gpu_type):
-            tid = self.topology.type_id(gpu_type)
-            type_mask = self.topology.node_type == tid
+        topo = self.topology
+        if gpu_type is not None and not (topo.homogeneous and topo.gpu_types[0] == gpu_type):
+            type_mask = topo.node_type == topo.type_id(gpu_type)
             mask = type_mask if mask is None else (mask & type_mask)
         return mask
 

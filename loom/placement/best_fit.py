@@ -20,5 +20,5 @@ class BestFit:
         free = masked_free(state, allowed)
         node = tightest_node(free, gpus)
         if node is not None:
-            return Allocation.single(node, gpus)
+            return Allocation((node,), (gpus,))
         return best_over_types(state, free, gpus, lambda f: fewest_nodes_then_remainder(f, gpus))

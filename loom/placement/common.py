@@ -32,11 +32,12 @@ def type_groups(state: ClusterState, free: np.ndarray) -> Iterator[np.ndarray]:
 
 def tightest_node(free: np.ndarray, gpus: int, exclude: np.ndarray | None = None) -> int | None:
     """Index of the node with the fewest free GPUs that still holds `gpus`."""
-    cand = np.where(free >= gpus, free, NOT_FIT)
+    # Nodes that cannot hold the job wrap around to huge unsigned values.
+    slack = (free.astype(np.int32, copy=False) - np.int32(gpus)).view(np.uint32)
     if exclude is not None:
-        cand[exclude] = NOT_FIT
-    node = int(cand.argmin())
-    return None if cand[node] == NOT_FIT else node
+        slack[exclude] = NOT_FIT
+    node = int(slack.argmin())
+    return None if slack[node] >= NOT_FIT else node
 
 
 def take_in_order(free: np.ndarray, order: np.ndarray, gpus: int) -> Allocation | None:

@@ -70,6 +70,7 @@ class Simulation:
         self.log: list[tuple[float, Decision]] | None = [] if log_decisions else None
         self.backend = SimBackend(self.ctx, self.by_id, speed or TraceDurationSpeed(), self.events, self.log)
         self.rejected: dict[str, str] = {}
+        self._capacity: dict[str | None, int] = {}
         self._failed_since: dict[int, float] = {}
         self.failed_gpu_seconds = 0.0
         for job in self.jobs:
@@ -144,7 +145,9 @@ class Simulation:
     def _arrive(self, job: Job) -> None:
         spec = job.spec
         self.ctx.announced.pop(job.job_id, None)
-        capacity = self.topology.max_gpus_of_type(spec.gpu_type)
+        capacity = self._capacity.get(spec.gpu_type)
+        if capacity is None:
+            capacity = self._capacity[spec.gpu_type] = self.topology.max_gpus_of_type(spec.gpu_type)
         if spec.gpus > capacity:
             job.state = JobState.REJECTED
             kind = f"{spec.gpu_type} " if spec.gpu_type else ""

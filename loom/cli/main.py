@@ -1,0 +1,145 @@
+"""`loom` — simulate, inspect clusters and list plugins.
+
+User mistakes (bad files, unknown names, invalid flags) print one clear line
+and exit with status 2; they never show a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from loom.errors import LoomInputError
+
+app = typer.Typer(help="Loom: an LLM-aware GPU cluster scheduler and simulator.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+clusters_app = typer.Typer(help="List and inspect clusters.", no_args_is_help=True)
+app.add_typer(clusters_app, name="clusters")
+console = Console()
+err_console = Console(stderr=True)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def user_errors(fn: F) -> F:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except LoomInputError as exc:
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+@app.command()
+@user_errors
+def simulate(
+    config: Path = typer.Option(None, "--config", "-c", help="YAML config; flags below override its fields."),
+    trace: str = typer.Option(None, help="Trace: a name (philly) or FORMAT:PATH (rfold:FILE)."),
+    cluster: str = typer.Option(None, help="Cluster: a name (see `loom clusters list`) or FORMAT:PATH."),
+    policy: str = typer.Option(None, help="Scheduling policy (see `loom plugins`)."),
+    placer: str = typer.Option(None, help="Placer (see `loom plugins`)."),
+    seed: int = typer.Option(None, help="Random seed (default 0)."),
+    out: Path = typer.Option(None, "--out", "-o", help="Output directory (default runs/latest)."),
+    limit: int = typer.Option(None, help="Simulate only the first N jobs of the trace."),
+    round_interval: float = typer.Option(None, help="Also run a scheduling round every S seconds."),
+    decision_log: bool = typer.Option(None, "--decision-log/--no-decision-log", help="Write decisions.jsonl."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
+) -> None:
+    """Replay a trace on a cluster with a policy and a placer; write metrics to --out."""
+    from loom.config import load_config
+    from loom.run import run
+
+    cfg = load_config(config, {
+        "trace": trace, "cluster": cluster, "policy": policy, "placer": placer, "seed": seed,
+        "outputs.dir": str(out) if out else None, "limit_jobs": limit, "round_interval_s": round_interval,
+        "outputs.decision_log": decision_log,
+    })
+    if quiet:
+        outputs = run(cfg)
+    else:
+        with Progress(TextColumn("[bold]simulating"), BarColumn(), TextColumn("{task.percentage:>3.0f}% of trace span"),
+                      TimeElapsedColumn(), console=err_console, transient=True) as bar:
+            task = bar.add_task("sim", total=1.0)
+
+            def factory(sim: Any) -> Callable[[float], None]:
+                first = sim.jobs[0].spec.submit_time if sim.jobs else 0.0
+                span = max(1.0, (sim.jobs[-1].spec.submit_time - first) if sim.jobs else 1.0)
+                return lambda now: bar.update(task, completed=min(1.0, (now - first) / span))
+
+            outputs = run(cfg, factory)
+    _print_summary(outputs.summary, outputs.out_dir)
+
+
+def _print_summary(stats: dict[str, Any], out_dir: Path) -> None:
+    table = Table(title="summary", show_header=False)
+    for key in ("jobs", "finished", "rejected", "unfinished", "avg_jct_s", "p50_jct_s", "p99_jct_s",
+                "avg_queue_s", "p99_queue_s", "makespan_s", "gpu_utilization", "preemptions",
+                "sim_wall_s", "events_per_s"):
+        value = stats[key]
+        table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else f"{value:,}")
+    console.print(table)
+    console.print(f"outputs in [bold]{out_dir}[/] (summary.json, jobs.parquet, decisions.jsonl, manifest.json)")
+
+
+@clusters_app.command("list")
+@user_errors
+def clusters_list() -> None:
+    """Named clusters with their size."""
+    from loom.hardware.clusters import CLUSTERS, load_cluster
+
+    table = Table("name", "nodes", "GPUs", "GPU types", "description")
+    for name in CLUSTERS.names():
+        topo = load_cluster(name)
+        table.add_row(name, str(topo.num_nodes), str(topo.total_gpus), ", ".join(topo.gpu_types), topo.description)
+    console.print(table)
+
+
+@clusters_app.command("show")
+@user_errors
+def clusters_show(name: str = typer.Argument(..., help="A cluster name or FORMAT:PATH."),
+                  as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """Tiers (with bandwidth, latency, oversubscription), switches and GPUs of one cluster."""
+    from loom.hardware.clusters import load_cluster
+    from loom.hardware.describe import describe
+
+    info = describe(load_cluster(name))
+    if as_json:
+        console.print_json(json.dumps(info))
+        return
+    console.print(f"[bold]{info['name']}[/]: {info['nodes']} nodes, {info['gpus']} GPUs — {info['description']}")
+    tiers = Table("tier", "switches", "bandwidth Gb/s", "latency µs", "oversubscription", "nodes per switch")
+    for tier in info["tiers"]:
+        tiers.add_row(tier["name"], str(tier["switches"]), f"{tier['bandwidth_gbps']:g}", f"{tier['latency_us']:g}",
+                      f"{tier['oversubscription']:g}:1", tier["nodes_per_switch"])
+    console.print(tiers)
+    types = Table("GPU type", "nodes", "GPUs")
+    for gpu, (nodes, gpus) in info["gpu_types"].items():
+        types.add_row(gpu, str(nodes), str(gpus))
+    console.print(types)
+
+
+@app.command()
+def plugins() -> None:
+    """Registered policies, placers, speed models, trace formats and clusters."""
+    from loom.core.protocols import PLACERS, POLICIES, SPEED_MODELS
+    from loom.hardware.clusters import CLUSTERS
+    from loom.workload.loaders import LOADERS
+
+    table = Table("kind", "names", "entry-point group")
+    for reg in (POLICIES, PLACERS, SPEED_MODELS, LOADERS, CLUSTERS):
+        table.add_row(reg.kind, ", ".join(reg.names()), reg.group)
+    console.print(table)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,93 @@
+"""The one YAML configuration format (cluster, trace, policy, placer, seed,
+outputs), shared by `loom simulate` and later commands. Command-line flags
+override fields; every problem is reported with the file and field path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from loom.errors import LoomInputError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Component(_Strict):
+    """A registered component by name, with keyword parameters for its constructor."""
+
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class FailureSpec(_Strict):
+    node: str
+    at: float = Field(ge=0)
+    repair_after: float = Field(default=float("inf"), gt=0)
+
+
+class Outputs(_Strict):
+    dir: Path = Path("runs/latest")
+    decision_log: bool = True
+    job_records: bool = True
+
+
+class SimConfig(_Strict):
+    cluster: str = "philly"
+    trace: str = "philly"
+    policy: Component = Component(name="fcfs")
+    placer: Component = Component(name="best-fit")
+    speed_model: Component = Component(name="trace")
+    seed: int = 0
+    round_interval_s: float | None = Field(default=None, gt=0)
+    limit_jobs: int | None = Field(default=None, gt=0)
+    failures: tuple[FailureSpec, ...] = ()
+    outputs: Outputs = Outputs()
+
+    @field_validator("policy", "placer", "speed_model", mode="before")
+    @classmethod
+    def _name_shorthand(cls, value: Any) -> Any:
+        return {"name": value} if isinstance(value, str) else value
+
+
+def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> SimConfig:
+    """Read YAML (if given), apply non-None overrides (dotted keys allowed), validate."""
+    data: dict[str, Any] = {}
+    source = str(path) if path else "command line"
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except OSError as exc:
+            raise LoomInputError(f"cannot read config: {exc.strerror}", source=source) from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            line = mark.line + 1 if mark is not None else None
+            raise LoomInputError(f"invalid YAML: {getattr(exc, 'problem', exc)}", source=source, line=line) from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise LoomInputError("the config must be a mapping of fields", source=source)
+        data = loaded or {}
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        target = data
+        *parents, leaf = key.split(".")
+        for part in parents:
+            target = target.setdefault(part, {})
+            if isinstance(target, str):  # "policy: fcfs" shorthand being overridden by policy.params
+                raise LoomInputError(f"cannot set '{key}' on a shorthand value", source=source, field=key)
+        target[leaf] = value
+    try:
+        return SimConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        location = ".".join(str(p) for p in err["loc"])
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise LoomInputError(f"{err['msg']}{more}", source=source, field=location) from None
+
+
+def config_to_dict(config: SimConfig) -> dict[str, Any]:
+    return config.model_dump(mode="json")

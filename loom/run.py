@@ -1,0 +1,113 @@
+"""Build a simulation from a config, run it, write its outputs.
+
+Outputs in `outputs.dir`: `summary.json`, `jobs.parquet` (per-job records),
+`decisions.jsonl` (every decision with its reason) and `manifest.json`
+(Loom version, git commit, the resolved config, seed, timings).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import platform
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import loom
+from loom.config import Component, SimConfig, config_to_dict
+from loom.core.protocols import PLACERS, POLICIES, SPEED_MODELS
+from loom.errors import LoomInputError
+from loom.hardware.clusters import load_cluster
+from loom.registry import Registry
+from loom.report.decision_log import write_decision_log
+from loom.report.metrics import job_records, summary
+from loom.sim.engine import Simulation, SimulationResult
+from loom.sim.events import NodeFailure
+from loom.workload.loaders import load_trace
+
+
+@dataclass
+class RunOutputs:
+    result: SimulationResult
+    summary: dict[str, Any]
+    out_dir: Path
+
+
+def build(registry: Registry[type], component: Component, seed: int, field: str) -> Any:
+    """Instantiate a registered component; a `seed` parameter is filled from the config."""
+    factory = registry.get(component.name)
+    params = dict(component.params)
+    accepted = inspect.signature(factory).parameters
+    if "seed" in accepted and "seed" not in params:
+        params["seed"] = seed
+    unknown = [k for k in params if k not in accepted and not any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())]
+    if unknown:
+        raise LoomInputError(f"{component.name} does not take parameter(s) {', '.join(unknown)} "
+                             f"(takes: {', '.join(accepted) or 'none'})", field=f"{field}.params")
+    return factory(**params)
+
+
+def build_simulation(config: SimConfig) -> Simulation:
+    topology = load_cluster(config.cluster)
+    specs = load_trace(config.trace)
+    if config.limit_jobs:
+        specs = specs[: config.limit_jobs]
+    failures = [NodeFailure(f.node, f.at, f.repair_after) for f in config.failures]
+    return Simulation(
+        topology,
+        specs,
+        build(POLICIES, config.policy, config.seed, "policy"),
+        build(PLACERS, config.placer, config.seed, "placer"),
+        build(SPEED_MODELS, config.speed_model, config.seed, "speed_model"),
+        round_interval=config.round_interval_s,
+        failures=failures,
+        log_decisions=config.outputs.decision_log,
+    )
+
+
+def run(config: SimConfig, progress_factory: Callable[[Simulation], Callable[[float], None]] | None = None
+        ) -> RunOutputs:
+    started = datetime.now(timezone.utc)
+    t0 = time.perf_counter()
+    sim = build_simulation(config)
+    setup_s = time.perf_counter() - t0
+    result = sim.run(progress_factory(sim) if progress_factory else None)
+    stats = summary(result)
+    stats["setup_wall_s"] = setup_s
+    out = Path(config.outputs.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(stats, indent=2) + "\n")
+    if config.outputs.job_records:
+        job_records(result).write_parquet(out / "jobs.parquet")
+    if config.outputs.decision_log:
+        write_decision_log(result.decisions, result.topology, out / "decisions.jsonl")
+    manifest = {
+        "loom_version": loom.__version__,
+        "git_commit": git_commit(),
+        "started_utc": started.isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "machine": platform.platform(),
+        "seed": config.seed,
+        "config": config_to_dict(config),
+        "cluster": {"name": result.topology.name, "nodes": result.topology.num_nodes,
+                    "gpus": result.topology.total_gpus},
+        "wall_s": time.perf_counter() - t0,
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return RunOutputs(result, stats, out)
+
+
+def git_commit() -> str | None:
+    repo = Path(loom.__file__).resolve().parents[1]
+    try:
+        proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=5, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.strip() or None if proc.returncode == 0 else None
