@@ -57,6 +57,8 @@ class SimBackend:
         if job.first_start is None:
             job.first_start = now
         self._run_on(job, d.allocation, now)
+        for rid in [r.reservation_id for r in self.ctx.reservations.values() if r.for_job == job.job_id]:
+            self.apply([Release(rid, f"job {job.job_id} started: its reservation is used up")], now)
         return True
 
     def _preempt(self, d: Preempt, now: float) -> bool:

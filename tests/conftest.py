@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+import pytest
+
+from loom.hardware.clos import clos
+from loom.hardware.topology import NodeDef, Tier, Topology
+from loom.workload.job import JobSpec
+
+
+@pytest.fixture
+def small_clos() -> Topology:
+    """2 minipods × 4 nodes × 8 GPUs, 2 nodes per leaf."""
+    return clos("t", minipods=2, nodes=8, gpus_per_node=8, gpu_type="A100-80GB", nodes_per_leaf=2)
+
+
+@pytest.fixture
+def hetero() -> Topology:
+    """Two GPU types: 2 × 4 V100 and 2 × 8 A100."""
+    tiers = (Tier("core"), Tier("leaf"))
+    nodes = [
+        NodeDef("v0", ("c", "l0"), "V100", 4),
+        NodeDef("v1", ("c", "l0"), "V100", 4),
+        NodeDef("a0", ("c", "l1"), "A100-80GB", 8),
+        NodeDef("a1", ("c", "l1"), "A100-80GB", 8),
+    ]
+    return Topology.build("hetero", tiers, nodes)
+
+
+def job(jid: str, t: float, gpus: int, duration: float, **kw) -> JobSpec:
+    return JobSpec(job_id=jid, submit_time=t, gpus=gpus, duration=duration, **kw)

@@ -1,0 +1,184 @@
+"""The simulator's decision contract, end to end through `Simulation`."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import job
+from loom.core.context import SchedulingContext
+from loom.core.decisions import Migrate, Release, Reserve, Resize, Start, Timer
+from loom.core.jobs import JobState
+from loom.core.protocols import PLACERS, POLICIES
+from loom.hardware.state import Allocation
+from loom.sim.backend import DecisionError
+from loom.sim.engine import Simulation
+from loom.sim.events import NodeFailure
+
+
+class Scripted:
+    """FCFS plus scripted extra decisions at given times; records what it saw."""
+
+    name = "scripted"
+
+    def __init__(self, script=None):
+        self.script = dict(script or {})
+        self.fcfs = POLICIES.get("fcfs")()
+        self.rounds: list[float] = []
+        self.announced_seen: dict[float, list[str]] = {}
+
+    def schedule(self, ctx: SchedulingContext):
+        self.rounds.append(ctx.now)
+        self.announced_seen[ctx.now] = sorted(ctx.announced)
+        extra = self.script.pop(ctx.now, None)
+        if extra is not None:  # a scripted round: only the script acts
+            return list(extra(ctx) if callable(extra) else extra)
+        return self.fcfs.schedule(ctx)
+
+
+def simulate(topo, specs, policy=None, placer="best-fit", **kw):
+    sim = Simulation(topo, specs, policy or POLICIES.get("fcfs")(), PLACERS.get(placer)(), **kw)
+    return sim.run()
+
+
+def by_id(result):
+    return {j.job_id: j for j in result.jobs}
+
+
+def test_fcfs_replay_times_are_exact(small_clos):
+    specs = [job("a", 0, 64, 100), job("b", 10, 8, 5), job("c", 20, 8, 5)]
+    jobs = by_id(simulate(small_clos, specs))
+    assert (jobs["a"].first_start, jobs["a"].end_time) == (0, 100)
+    assert (jobs["b"].first_start, jobs["b"].end_time) == (100, 105)
+    assert jobs["c"].first_start == 100
+
+
+def test_easy_backfills_short_job_without_delaying_head(small_clos):
+    specs = [job("big", 0, 48, 100), job("head", 1, 56, 50), job("short", 2, 4, 90), job("long", 3, 12, 500)]
+    fcfs = by_id(simulate(small_clos, specs))
+    easy = by_id(simulate(small_clos, specs, POLICIES.get("easy")()))
+    assert fcfs["short"].first_start == 100  # blocked behind the head
+    assert easy["short"].first_start == 2  # ends at 92 < shadow time 100
+    assert easy["head"].first_start == fcfs["head"].first_start == 100
+    assert easy["long"].first_start >= 100  # would have delayed the head
+
+
+def test_sjf_starts_shortest_first(small_clos):
+    specs = [job("block", 0, 64, 10), job("long", 1, 64, 100), job("short", 2, 64, 1)]
+    jobs = by_id(simulate(small_clos, specs, POLICIES.get("sjf")()))
+    assert jobs["short"].first_start == 10 and jobs["long"].first_start == 11
+
+
+def test_job_larger_than_cluster_is_rejected_with_reason(small_clos):
+    result = simulate(small_clos, [job("huge", 0, 65, 1), job("ok", 0, 8, 1)])
+    jobs = by_id(result)
+    assert jobs["huge"].state is JobState.REJECTED and "64" in jobs["huge"].reason
+    assert jobs["ok"].state is JobState.FINISHED
+    assert result.rejected == {"huge": jobs["huge"].reason}
+
+
+def test_priority_preemption_keeps_progress_and_resumes(small_clos):
+    specs = [job("low", 0, 64, 100, priority=0), job("high", 30, 32, 10, priority=5)]
+    result = simulate(small_clos, specs, POLICIES.get("priority")())
+    jobs = by_id(result)
+    assert jobs["high"].first_start == 30 and jobs["high"].end_time == 40
+    assert jobs["low"].preemptions == 1
+    assert jobs["low"].end_time == pytest.approx(110)  # 30 s done, 10 s paused, 70 s left
+    assert jobs["low"].gpu_seconds == pytest.approx(64 * 100)
+    kinds = [type(d).__name__ for _, d in result.decisions]
+    assert kinds == ["Start", "Preempt", "Start", "Resume"]
+    assert "preempted by job high" in result.decisions[1][1].reason
+
+
+def test_migrate_and_resize_change_rate(small_clos):
+    def at50(ctx):
+        return [Migrate("a", Allocation.single(7, 8), "move off node0")]
+
+    def at60(ctx):
+        return [Resize("a", Allocation.single(7, 4), "shrink to half")]
+
+    policy = Scripted({50.0: at50, 60.0: at60})
+    specs = [job("a", 0, 8, 100), job("tick1", 50, 1, 0), job("tick2", 60, 1, 0), job("tick3", 61, 1, 0)]
+    a = by_id(simulate(small_clos, specs, policy))["a"]
+    assert a.migrations == 1 and a.resizes == 1
+    assert a.allocation == Allocation.single(7, 4)
+    assert a.end_time == pytest.approx(60 + 40 * 2)  # 40 s of work left at half speed
+    assert a.gpu_seconds == pytest.approx(8 * 60 + 4 * 80)
+
+
+def test_migrate_must_keep_gpu_count(small_clos):
+    policy = Scripted({5.0: [Migrate("a", Allocation.single(7, 4), "bad")]})
+    with pytest.raises(DecisionError, match="Resize"):
+        simulate(small_clos, [job("a", 0, 8, 100), job("t", 5, 1, 0)], policy)
+
+
+def test_decision_for_unknown_or_wrong_state_job_is_rejected(small_clos):
+    policy = Scripted({0.0: [Start("ghost", Allocation.single(0, 1), "bug")]})
+    with pytest.raises(DecisionError, match="ghost"):
+        simulate(small_clos, [job("a", 0, 8, 1)], policy)
+
+
+def test_reservation_blocks_others_until_released(small_clos):
+    nodes = tuple(range(4))  # minipod 0
+    script = {
+        0.0: [Reserve(0, nodes, 1000.0, "planned", "hold minipod 0 for planned")],
+        50.0: [Release(0, "planned job cancelled")],
+    }
+    specs = [job("tick", 0, 1, 0), job("x", 1, 40, 10), job("y", 2, 8, 10), job("tick2", 50, 1, 0), job("tick3", 51, 1, 0)]
+    result = simulate(small_clos, specs, Scripted(script))
+    jobs = by_id(result)
+    assert jobs["x"].first_start == 51  # needs 40 GPUs, only 32 outside the reservation until released
+    assert jobs["y"].first_start == 51  # FCFS: y waits behind x
+
+
+def test_reservation_expires_at_its_end_time(small_clos):
+    script = {0.0: [Reserve(3, tuple(range(8)), 200.0, "planned", "hold all")]}
+    result = simulate(small_clos, [job("tick", 0, 1, 0), job("x", 1, 8, 10)], Scripted(script))
+    assert by_id(result)["x"].first_start == 200
+    assert any(isinstance(d, Release) and "end time" in d.reason for _, d in result.decisions)
+
+
+def test_reserved_nodes_usable_by_their_job(small_clos):
+    script = {0.0: [Reserve(1, tuple(range(8)), 1e9, "planned", "hold all")]}
+    specs = [job("planned", 5, 64, 10, announce_time=0.0), job("other", 6, 8, 10)]
+    policy = Scripted(script)
+    result = simulate(small_clos, specs, policy)
+    jobs = by_id(result)
+    assert policy.announced_seen[0.0] == ["planned"]
+    assert jobs["planned"].first_start == 5
+    assert jobs["other"].first_start == 15  # the reservation went away when "planned" started
+    assert any(isinstance(d, Release) and "planned started" in d.reason for _, d in result.decisions)
+
+
+def test_timer_triggers_a_round(small_clos):
+    policy = Scripted({0.0: [Timer(77.0, "check back later")]})
+    simulate(small_clos, [job("a", 0, 8, 10)], policy)
+    assert 77.0 in policy.rounds
+
+
+def test_periodic_rounds_only_while_jobs_wait(small_clos):
+    policy = Scripted()
+    simulate(small_clos, [job("a", 0, 64, 100), job("b", 1, 64, 10)], policy, round_interval=30.0)
+    assert 31.0 in policy.rounds and 91.0 in policy.rounds
+    assert max(policy.rounds) <= 121.0  # the last periodic round fires once, then none while idle
+
+
+def test_node_failure_evicts_requeues_and_accounts(small_clos):
+    specs = [job("a", 0, 8, 100)]
+    result = simulate(small_clos, specs, failures=[NodeFailure("node0", 40.0, 60.0)], placer="first-fit")
+    a = by_id(result)["a"]
+    assert a.failures == 1
+    assert a.end_time == pytest.approx(100 + 0)  # restarted at once on another node, progress kept
+    assert 0 not in a.allocation.nodes
+    assert result.failed_gpu_seconds == pytest.approx(8 * 60)
+    assert any("node0 failed" in d.reason for _, d in result.decisions)
+
+
+def test_failed_node_never_used_until_repaired(small_clos):
+    specs = [job("a", 10, 64, 10)]
+    jobs = by_id(simulate(small_clos, specs, failures=[NodeFailure("node3", 0.0, 100.0)]))
+    assert jobs["a"].first_start == 100
+
+
+def test_zero_duration_job_finishes_when_started(small_clos):
+    jobs = by_id(simulate(small_clos, [job("z", 5, 8, 0)]))
+    assert jobs["z"].first_start == jobs["z"].end_time == 5
