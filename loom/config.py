@@ -83,10 +83,14 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> S
     try:
         return SimConfig.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        location = ".".join(str(p) for p in err["loc"])
-        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise LoomInputError(f"{err['msg']}{more}", source=source, field=location) from None
+        errors = exc.errors()
+        first, rest = errors[0], errors[1:]
+        message = first["msg"] + "".join(f"; field '{_loc(e)}': {e['msg']}" for e in rest)
+        raise LoomInputError(message, source=source, field=_loc(first)) from None
+
+
+def _loc(error: Any) -> str:
+    return ".".join(str(p) for p in error["loc"])
 
 
 def config_to_dict(config: SimConfig) -> dict[str, Any]:

@@ -59,7 +59,7 @@ def _check(raw: pl.DataFrame, typed: pl.DataFrame, path: Path) -> None:
         ("size", typed["size"] < 1, "GPU count must be ≥ 1"),
         ("duration (sec)", typed["duration (sec)"].is_null(), "not a number"),
         ("duration (sec)", typed["duration (sec)"] < 0, "negative duration"),
-        ("#job id", typed["#job id"].is_duplicated(), "duplicate job id"),
+        ("#job id", ~typed["#job id"].is_first_distinct(), "duplicate job id"),
     ]
     for column, bad, message in checks:
         bad = bad.fill_null(False)

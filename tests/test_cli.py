@@ -1,0 +1,128 @@
+"""The `loom` command through its public interface (typer's runner)."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from loom.cli.main import app
+
+runner = CliRunner()
+
+TRACE = """#job id,arrival time (sec),topology,shape,size,duration (sec)
+0,0.0,CLOS,8,8,100.0
+1,10.0,CLOS,8+8,16,50.0
+2,10.0,CLOS,1,1,0.0
+3,20.0,CLOS,8+8+8+8+8+8+8+8+8+8+8+8+8+8+8+8+8+8,144,30.0
+4,25.0,CLOS,8,300,30.0
+"""
+
+
+@pytest.fixture
+def trace(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text(TRACE)
+    return path
+
+
+def test_simulate_writes_all_outputs(trace, tmp_path):
+    out = tmp_path / "run"
+    res = runner.invoke(app, ["simulate", "--trace", f"rfold:{trace}", "--cluster", "arnold-i", "--policy", "easy",
+                              "--placer", "gpu-packing", "--out", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["jobs"] == 5 and summary["finished"] == 4 and summary["rejected"] == 1
+    for key in ("avg_jct_s", "p50_jct_s", "p99_jct_s", "avg_queue_s", "p99_queue_s", "makespan_s",
+                "gpu_utilization", "sim_wall_s", "events_per_s"):
+        assert key in summary
+    jobs = pl.read_parquet(out / "jobs.parquet")
+    assert jobs.height == 5
+    assert {"queue_s", "jct_s", "nodes", "core_spanned", "minipod_spanned", "leaf_spanned", "preemptions"} <= set(
+        jobs.columns)
+    big = jobs.filter(pl.col("job_id") == "3").row(0, named=True)
+    assert big["nodes"] == 18 and big["minipod_spanned"] == 3 and big["start"] == 100.0
+    rejected = jobs.filter(pl.col("job_id") == "4").row(0, named=True)
+    assert rejected["state"] == "rejected" and "300" in rejected["reason"]
+    decisions = [json.loads(line) for line in (out / "decisions.jsonl").read_text().splitlines()]
+    assert [d["decision"] for d in decisions] == ["start"] * 4
+    assert all(d["reason"] for d in decisions)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["seed"] == 0 and manifest["config"]["policy"]["name"] == "easy"
+    assert manifest["loom_version"]
+
+
+def test_config_file_with_flag_overrides(trace, tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"cluster: arnold-i\ntrace: rfold:{trace}\npolicy: sjf\nseed: 3\n"
+                   f"outputs:\n  dir: {tmp_path / 'fromfile'}\n  decision_log: false\n")
+    out = tmp_path / "override"
+    res = runner.invoke(app, ["simulate", "--config", str(cfg), "--policy", "fcfs", "--out", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["policy"]["name"] == "fcfs" and manifest["seed"] == 3
+    assert not (out / "decisions.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        ("policy: fcfs\nseeed: 1\n", "seeed"),
+        ("round_interval_s: -5\n", "round_interval_s"),
+        ("policy: [oops\n", "line"),
+        ("outputs:\n  dir: x\n  extra: 1\n", "outputs.extra"),
+    ],
+)
+def test_bad_config_is_a_clear_error(tmp_path, content, expected):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text(content)
+    res = runner.invoke(app, ["simulate", "--config", str(cfg), "-q"])
+    assert res.exit_code == 2
+    assert str(cfg) in res.output and expected in res.output
+    assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--policy", "fifo"], "unknown policy 'fifo'"),
+        (["--placer", "bestfit"], "did you mean best-fit"),
+        (["--cluster", "nowhere"], "unknown cluster 'nowhere'"),
+        (["--trace", "rfold:/does/not/exist.csv"], "trace file not found"),
+        (["--trace", "csvv:/x.csv"], "unknown trace format 'csvv'"),
+    ],
+)
+def test_unknown_names_are_clear_errors(trace, tmp_path, args, expected):
+    base = ["simulate", "--trace", f"rfold:{trace}", "--cluster", "arnold-i", "--out", str(tmp_path / "o"), "-q"]
+    res = runner.invoke(app, base + args)
+    assert res.exit_code == 2, res.output
+    assert expected in res.output and "Traceback" not in res.output
+
+
+def test_malformed_trace_row_names_file_line_and_column(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text(TRACE.replace("10.0,CLOS,1,1,0.0", "10.0,CLOS,1,one,0.0"))
+    res = runner.invoke(app, ["simulate", "--trace", f"rfold:{bad}", "--cluster", "arnold-i", "-q",
+                              "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2
+    assert f"{bad}, line 4, field 'size': not an integer: 'one'" in res.output
+
+
+def test_clusters_list_and_show():
+    res = runner.invoke(app, ["clusters", "list"])
+    assert res.exit_code == 0 and "philly" in res.output and "arnold-iii" in res.output
+    res = runner.invoke(app, ["clusters", "show", "arnold-ii", "--json"])
+    info = json.loads(res.output)
+    assert info["nodes"] == 438 and info["gpus"] == 3504
+    assert [t["switches"] for t in info["tiers"]] == [1, 5, 30]
+    res = runner.invoke(app, ["clusters", "show", "philly"])
+    assert "P40" in res.output and "rack" in res.output
+
+
+def test_plugins_lists_registries():
+    res = runner.invoke(app, ["plugins"])
+    assert res.exit_code == 0
+    for name in ("fcfs", "easy", "sjf", "priority", "best-fit", "gpu-packing", "rfold", "loom.policies"):
+        assert name in res.output
