@@ -1,0 +1,310 @@
+"""Benchmark Loom's simulator on the Philly trace (111,549 jobs, 552 servers).
+
+    python bench/sim_philly.py [--policies fcfs,easy,sjf] [--sizes 10000,50000,111549]
+                               [--repeat 3] [--json OUT] [--no-decision-log]
+
+1. Engine scaling: FCFS + best-fit on the first N jobs for each size: event
+   loop wall time (`SimulationResult.sim_wall_s`, median of --repeat runs),
+   setup time (trace load + Simulation construction), events/s, peak RSS, and
+   wall(n) / (n log n) normalised to the smallest size. The bare FCFS loop of
+   `bench/bare_fcfs.py` runs on the same prefixes in the same invocation, for
+   the loom/bare wall-time ratio and a check that both give the same queueing.
+2. Policies on the full trace (best-fit): queueing delay, JCT, utilisation,
+   finished jobs and wall time, next to Philly's recorded statistics from
+   the Acme `cluster_summary.csv`.
+
+Every measurement runs in a fresh `python` subprocess, so its peak RSS
+(`ru_maxrss`) is its own. Tables are printed as markdown on stdout (progress
+goes to stderr), ready to paste into docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+FULL_TRACE_JOBS = 111_549
+
+
+# ------------------------------------------------------------------ worker
+def _rss_mib() -> float:
+    """Peak resident set size of this process so far (Linux reports KiB)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+def worker(spec: dict) -> dict:
+    """One measurement, run inside a fresh subprocess."""
+    limit = spec["limit"]
+    if spec["kind"] == "bare":
+        sys.path.insert(0, str(HERE))
+        import bare_fcfs
+
+        import loom.hardware.clusters  # noqa: F401  (same imports as the loom worker, for a fair baseline RSS)
+
+        base_rss = _rss_mib()
+        r = bare_fcfs.run_bare(limit)
+        return {**r, "sim_wall_s": r["wall_s"], "base_rss_mib": base_rss, "peak_rss_mib": _rss_mib()}
+
+    from loom.config import load_config
+    from loom.report.metrics import summary
+    from loom.run import build_simulation
+
+    cfg = load_config(None, {
+        "trace": "philly", "cluster": "philly", "policy": spec["policy"], "placer": spec["placer"],
+        "limit_jobs": limit, "outputs.decision_log": spec["decision_log"],
+    })
+    base_rss = _rss_mib()
+    t0 = time.perf_counter()
+    sim = build_simulation(cfg)  # cluster + trace load + Simulation construction
+    setup = time.perf_counter() - t0
+    result = sim.run()
+    stats = summary(result)
+    return {**stats, "setup_s": setup, "base_rss_mib": base_rss, "peak_rss_mib": _rss_mib()}
+
+
+def measure(spec: dict) -> dict:
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr)
+        raise SystemExit(f"measurement {spec} failed with exit code {proc.returncode}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def median_of(runs: list[dict]) -> dict:
+    """Numeric fields: median over the repeats; the rest from the first run."""
+    out = dict(runs[0])
+    for key, value in runs[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = statistics.median(r[key] for r in runs)
+    out["sim_wall_runs_s"] = [r["sim_wall_s"] for r in runs]
+    return out
+
+
+# ---------------------------------------------------------------- context
+def machine_info() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_gib = int(line.split()[1]) / 1024**2
+                break
+    except OSError:
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    import loom
+    from loom.run import git_commit
+
+    commit = git_commit()
+    return {
+        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "platform": platform.platform(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "cores_usable": usable,
+        "memory_gib": round(mem_gib, 1) if mem_gib else None,
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "loom": loom.__version__,
+        "git_commit": commit[:12] if commit else None,
+    }
+
+
+def recorded_philly() -> dict:
+    """Philly's row of the Acme cluster summary (Hu et al., NSDI'24)."""
+    import polars as pl
+
+    from loom.paths import shared_traces_dir
+
+    path = shared_traces_dir() / "acme" / "cluster_summary.csv"
+    row = pl.read_csv(path).filter(pl.col("id") == "Philly")
+    if row.height != 1:
+        raise SystemExit(f"no Philly row in {path}")
+    rec = row.row(0, named=True)
+    return {"source": str(path), **{k: rec[k] for k in (
+        "gpu_job_num", "avg_que_time_gpu", "med_que_time_gpu", "avg_run_time_gpu", "med_run_time_gpu")}}
+
+
+# ---------------------------------------------------------------- tables
+def md_table(header: list[str], rows: list[list[str]], align: str | None = None) -> str:
+    align = align or "l" + "r" * (len(header) - 1)
+    rule = ["---:" if a == "r" else ":---" for a in align]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(rule) + " |"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def secs(x: float) -> str:
+    return f"{x:,.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Loom simulator benchmark on the Philly trace.")
+    ap.add_argument("--policies", default="fcfs,easy,sjf", help="policies for the full-trace comparison")
+    ap.add_argument("--sizes", default=f"10000,50000,{FULL_TRACE_JOBS}", help="trace prefixes for the scaling run")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per measurement (median reported)")
+    ap.add_argument("--placer", default="best-fit")
+    ap.add_argument("--json", default=None, help="write all measurements to this JSON file")
+    ap.add_argument("--no-decision-log", action="store_true",
+                    help="do not keep the in-memory decision log (loom simulate keeps it by default)")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return 0
+
+    sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    repeat = max(1, args.repeat)
+    log = not args.no_decision_log
+    command = "python bench/sim_philly.py" + ("" if not (argv or sys.argv[1:]) else
+                                              " " + shlex.join(argv if argv is not None else sys.argv[1:]))
+    info = machine_info()
+    recorded = recorded_philly()
+
+    def spec(kind: str, n: int | None, policy: str = "fcfs") -> dict:
+        limit = None if n is None or n >= FULL_TRACE_JOBS else n
+        return {"kind": kind, "limit": limit, "policy": policy, "placer": args.placer, "decision_log": log}
+
+    def note(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    # Repeats are the outer loop so that slow drift in machine load spreads over all measurements.
+    started = time.perf_counter()
+    loom_runs: dict[tuple[str, int | None], list[dict]] = {}
+    bare_runs: dict[int, list[dict]] = {}
+    for rep in range(repeat):
+        for n in sizes:
+            note(f"[{rep + 1}/{repeat}] fcfs + {args.placer}, {n:,} jobs ...")
+            loom_runs.setdefault(("fcfs", n), []).append(measure(spec("loom", n)))
+            note(f"[{rep + 1}/{repeat}] bare fcfs, {n:,} jobs ...")
+            bare_runs.setdefault(n, []).append(measure(spec("bare", n)))
+        for policy in policies:
+            if (policy, FULL_TRACE_JOBS) in loom_runs and FULL_TRACE_JOBS in sizes:
+                continue  # already measured in the scaling run
+            note(f"[{rep + 1}/{repeat}] {policy} + {args.placer}, full trace ...")
+            loom_runs.setdefault((policy, None), []).append(measure(spec("loom", None, policy)))
+    total = time.perf_counter() - started
+
+    loom_med = {k: median_of(v) for k, v in loom_runs.items()}
+    bare_med = {k: median_of(v) for k, v in bare_runs.items()}
+
+    def full(policy: str) -> dict:
+        return loom_med.get((policy, FULL_TRACE_JOBS)) or loom_med[(policy, None)]
+
+    # ------------------------------------------------------------ report
+    out: list[str] = []
+    out.append("## Simulator benchmark: Philly trace\n")
+    out.append(f"Command: `{command}`  ")
+    out.append(f"Machine: {info['cpu']}, {info['cores']} cores ({info['cores_usable']} usable), "
+               f"{info['memory_gib']} GiB RAM; {info['platform']}; {info['python']}  ")
+    out.append(f"Loom {info['loom']} (commit {info['git_commit']}), {info['date_utc']}; "
+               f"trace `rfold_philly_trace.csv`, cluster `philly` (552 nodes, 2,490 GPUs); "
+               f"decision log {'on' if log else 'off'}; median of {repeat} run(s), each in a fresh process.\n")
+
+    out.append(f"### Engine scaling: FCFS + {args.placer}\n")
+    base_n = sizes[0]
+    base = loom_med[("fcfs", base_n)]
+    base_cost = base["sim_wall_s"] / (base_n * math.log(base_n))
+    rows = []
+    for n in sizes:
+        m, b = loom_med[("fcfs", n)], bare_med[n]
+        jobs = m["jobs"]
+        norm = (m["sim_wall_s"] / (jobs * math.log(jobs))) / base_cost
+        rows.append([
+            f"{jobs:,}", f"{m['events']:,.0f}", f"{m['setup_s']:.2f}", f"{m['sim_wall_s']:.2f}",
+            f"{m['events'] / m['sim_wall_s']:,.0f}", f"{1e6 * m['sim_wall_s'] / jobs:.1f}",
+            f"{m['peak_rss_mib']:,.0f} (+{m['peak_rss_mib'] - m['base_rss_mib']:,.0f})",
+            f"{norm:.2f}", f"{b['sim_wall_s']:.3f}", f"{m['sim_wall_s'] / b['sim_wall_s']:.1f}×",
+        ])
+    out.append(md_table(["jobs", "events", "setup s", "sim wall s", "events/s", "µs/job",
+                         "peak RSS MiB (over imports)", f"wall/(n log n) vs {base_n // 1000}k",
+                         "bare loop s", "loom / bare"], rows))
+    out.append("")
+    out.append("*setup* = cluster + trace load + `Simulation` construction; *sim wall* = "
+               "`SimulationResult.sim_wall_s` (event loop only); *bare* = `bench/bare_fcfs.py`, the same "
+               "FCFS + best-fit as a plain Python loop (trace loading excluded). "
+               "A normalised wall/(n log n) of at most about 1 means cost grows no faster than n log n.\n")
+
+    rows = []
+    for n in sizes:
+        m, b = loom_med[("fcfs", n)], bare_med[n]
+        agree = all(abs(m[k] - b[k]) <= 1e-6 * max(1.0, abs(m[k])) for k in ("avg_queue_s", "p99_queue_s"))
+        rows.append([f"{m['jobs']:,}", f"{m['avg_queue_s']:.2f}", f"{b['avg_queue_s']:.2f}",
+                     f"{m['p99_queue_s']:.1f}", f"{b['p99_queue_s']:.1f}",
+                     f"{m['gpu_utilization']:.4f}", f"{b['gpu_utilization']:.4f}", "yes" if agree else "**no**"])
+    out.append("Sanity check, Loom FCFS vs the bare loop:\n")
+    out.append(md_table(["jobs", "avg queue s (loom)", "avg queue s (bare)", "p99 queue s (loom)",
+                         "p99 queue s (bare)", "util (loom)", "util (bare)", "agree"], rows))
+    out.append("")
+
+    out.append(f"### Policies on the full trace ({args.placer})\n")
+    res = {p: full(p) for p in policies}
+    header = ["metric"] + policies + ["Philly recorded"]
+    rows = [
+        ["avg queueing delay (s)"] + [secs(res[p]["avg_queue_s"]) for p in policies]
+        + [secs(recorded["avg_que_time_gpu"])],
+        ["p50 queueing delay (s)"] + [secs(res[p]["p50_queue_s"]) for p in policies]
+        + [secs(recorded["med_que_time_gpu"])],
+        ["p99 queueing delay (s)"] + [secs(res[p]["p99_queue_s"]) for p in policies] + ["–"],
+        ["avg JCT (s)"] + [secs(res[p]["avg_jct_s"]) for p in policies] + ["–"],
+        ["GPU utilisation"] + [f"{res[p]['gpu_utilization']:.3f}" for p in policies] + ["–"],
+        ["finished jobs"] + [f"{res[p]['finished']:,} / {res[p]['jobs']:,}" for p in policies]
+        + [f"{recorded['gpu_job_num']:,} GPU jobs"],
+        ["sim wall (s)"] + [f"{res[p]['sim_wall_s']:.2f}" for p in policies] + ["–"],
+        ["setup (s)"] + [f"{res[p]['setup_s']:.2f}" for p in policies] + ["–"],
+        ["events/s"] + [f"{res[p]['events'] / res[p]['sim_wall_s']:,.0f}" for p in policies] + ["–"],
+        ["peak RSS (MiB)"] + [f"{res[p]['peak_rss_mib']:,.0f}" for p in policies] + ["–"],
+    ]
+    out.append(md_table(header, rows))
+    out.append("")
+    out.append(f"*Philly recorded*: `avg_que_time_gpu` / `med_que_time_gpu` of the Philly row of "
+               f"`acme/cluster_summary.csv` ({recorded['gpu_job_num']:,} GPU jobs incl. failed and "
+               f"cancelled, with the real cluster's VCs and locality constraints); the simulation replays "
+               f"the 111,549-job RFold list on the whole cluster as one pool, so it queues far less. "
+               f"Queueing delay counts every started job; JCT only finished ones.\n")
+    out.append(f"Total benchmark time: {total:.0f} s.")
+    text = "\n".join(out)
+    print(text)
+
+    if args.json:
+        payload = {
+            "command": command, "machine": info, "recorded_philly": recorded, "repeat": repeat,
+            "decision_log": log, "placer": args.placer,
+            "scaling": [{"jobs": loom_med[("fcfs", n)]["jobs"], "loom": loom_med[("fcfs", n)],
+                         "bare": bare_med[n],
+                         "loom_over_bare": loom_med[("fcfs", n)]["sim_wall_s"] / bare_med[n]["sim_wall_s"]}
+                        for n in sizes],
+            "policies": {p: res[p] for p in policies},
+            "raw": {"loom": {f"{k[0]}:{k[1]}": v for k, v in loom_runs.items()},
+                    "bare": {str(k): v for k, v in bare_runs.items()}},
+            "markdown": text,
+        }
+        Path(args.json).write_text(json.dumps(payload, indent=2) + "\n")
+        note(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
