@@ -12,12 +12,13 @@ from loom.hardware.state import Allocation, ClusterState
 
 
 class RoundPlan:
-    __slots__ = ("ctx", "decisions", "_state", "placer")
+    __slots__ = ("ctx", "decisions", "_state", "placer", "started")
 
     def __init__(self, ctx: SchedulingContext, placer: Placer | None = None) -> None:
         self.ctx = ctx
         self.placer = placer or ctx.placer
         self.decisions: list[Decision] = []
+        self.started: list[tuple[Job, Allocation]] = []  # this round's starts, not yet in ctx.running
         self._state: ClusterState | None = None
 
     @property
@@ -49,6 +50,7 @@ class RoundPlan:
 
     def start(self, job: Job, alloc: Allocation, reason: str, plan: ParallelPlan | None = None) -> None:
         self.state.allocate(alloc)
+        self.started.append((job, alloc))
         kind = Resume if job.first_start is not None else Start
         self.decisions.append(kind(job.job_id, alloc, f"{reason}; {self.placer.name} on {len(alloc.nodes)} node(s)",
                                    plan))

@@ -58,7 +58,7 @@ class ClusterState:
         self.reserved_by = np.full(topology.num_nodes, NO_RESERVATION, dtype=np.int32)
         self.reserved_nodes = 0
         self.free_total = int(self.free.sum())
-        self._switch_free: list[np.ndarray | None] = [None] * len(topology.tiers)
+        self._switch_free: dict[int, np.ndarray] = {}
 
     def copy(self) -> ClusterState:
         clone = object.__new__(ClusterState)
@@ -68,43 +68,43 @@ class ClusterState:
         clone.reserved_by = self.reserved_by
         clone.reserved_nodes = self.reserved_nodes
         clone.free_total = self.free_total
-        clone._switch_free = list(self._switch_free)
+        clone._switch_free = self._switch_free  # read-only arrays; replaced, never edited
         return clone
 
     def switch_free(self, tier: int) -> np.ndarray:
         """Free GPUs under each switch of `tier` (read-only)."""
-        agg = self._switch_free[tier]
+        agg = self._switch_free.get(tier)
         if agg is None:
             topo = self.topology
             agg = np.bincount(topo.switch_of[tier], weights=self.free, minlength=topo.num_switches(tier))
             agg = agg.astype(np.int64)
             agg.flags.writeable = False
-            self._switch_free[tier] = agg
+            self._switch_free = {**self._switch_free, tier: agg}
         return agg
 
     # ------------------------------------------------------------ allocation
     def allocate(self, alloc: Allocation) -> None:
         free = self.free
         for node, gpus in zip(alloc.nodes, alloc.gpus):
-            have = free[node]
+            have = free.item(node)
             if gpus <= 0 or have < gpus:
-                raise AllocationError(
-                    f"node {self.topology.node_names[node]} has {int(have)} free GPUs, asked for {gpus}"
-                )
+                raise AllocationError(f"node {self.topology.node_names[node]} has {have} free GPUs, asked for {gpus}")
             free[node] = have - gpus
             self.free_total -= gpus
-        self._switch_free = [None] * len(self._switch_free)
+        if self._switch_free:
+            self._switch_free = {}
 
     def release(self, alloc: Allocation) -> None:
         free = self.free
         capacity = self.topology.node_gpus
         for node, gpus in zip(alloc.nodes, alloc.gpus):
-            have = free[node] + gpus
-            if have > capacity[node]:
+            have = free.item(node) + gpus
+            if have > capacity.item(node):
                 raise AllocationError(f"node {self.topology.node_names[node]} released more GPUs than it has")
             free[node] = have
             self.free_total += gpus
-        self._switch_free = [None] * len(self._switch_free)
+        if self._switch_free:
+            self._switch_free = {}
 
     # -------------------------------------------------------------- failures
     def fail_node(self, node: int) -> None:

@@ -159,8 +159,10 @@ class Topology:
             return None
 
     def max_gpus_of_type(self, gpu_type: str | None) -> int:
+        """The largest job this cluster can ever hold: jobs never span GPU types,
+        so an untyped job is bounded by the largest single-type pool."""
         if gpu_type is None:
-            return self.total_gpus
+            return max(self.gpus_by_type().values(), key=lambda ng: ng[1])[1]
         tid = self.type_id(gpu_type)
         return 0 if tid is None else int(self.node_gpus[self.node_type == tid].sum())
 

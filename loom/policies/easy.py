@@ -10,6 +10,8 @@ classic simplification; placement fragmentation can still delay the head.
 
 from __future__ import annotations
 
+from heapq import merge
+
 from loom.core.context import SchedulingContext
 from loom.core.decisions import Decision
 from loom.core.jobs import Job
@@ -56,9 +58,15 @@ class EasyBackfill:
 
     @staticmethod
     def _shadow(ctx: SchedulingContext, plan: RoundPlan, head: Job) -> tuple[float, int]:
-        """Earliest time the head fits by GPU count, and the GPUs spare at that time."""
+        """Earliest time the head fits by GPU count, and the GPUs spare at that time.
+
+        Jobs started earlier in this round are not in `ctx.releases` yet, so
+        their expected ends are merged in.
+        """
         available = plan.state.free_total
-        for end, _key, gpus in ctx.releases:
+        just_started = sorted((ctx.now + ctx.runtime_estimate(j), a.total) for j, a in plan.started)
+        running = ((end, gpus) for end, _key, gpus in ctx.releases)
+        for end, gpus in merge(running, just_started):
             available += gpus
             if available >= head.gpus:
                 return max(end, ctx.now), available - head.gpus

@@ -8,6 +8,7 @@ being pushed onto the heap, so the heap only holds what is in flight.
 from __future__ import annotations
 
 import time
+from heapq import heappop
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -20,6 +21,7 @@ from loom.hardware.state import ClusterState
 from loom.hardware.topology import Topology
 from loom.sim.backend import SimBackend
 from loom.sim.events import EventKind, EventQueue, NodeFailure
+from loom.sim.health import NodeHealth
 from loom.sim.speed import TraceDurationSpeed
 from loom.workload.job import JobSpec
 
@@ -71,8 +73,7 @@ class Simulation:
         self.backend = SimBackend(self.ctx, self.by_id, speed or TraceDurationSpeed(), self.events, self.log)
         self.rejected: dict[str, str] = {}
         self._capacity: dict[str | None, int] = {}
-        self._failed_since: dict[int, float] = {}
-        self.failed_gpu_seconds = 0.0
+        self.health = NodeHealth(topology.node_gpus.tolist())
         for job in self.jobs:
             if job.spec.announce_time is not None:
                 job.state = JobState.ANNOUNCED
@@ -87,6 +88,8 @@ class Simulation:
     def run(self, progress: ProgressCallback | None = None) -> SimulationResult:
         wall = time.perf_counter()
         jobs, events, ctx, backend = self.jobs, self.events, self.ctx, self.backend
+        heap = events.heap  # read directly: this loop is the simulator's hot path
+        inf = float("inf")
         cursor, n = 0, len(jobs)
         handled = rounds = 0
         round_pending = False
@@ -94,14 +97,14 @@ class Simulation:
         now = jobs[0].spec.submit_time if jobs else 0.0
         start_time = now
         while True:
-            next_arrival = jobs[cursor].spec.submit_time if cursor < n else float("inf")
-            now = min(next_arrival, events.peek_time())
-            if now == float("inf"):
+            next_arrival = jobs[cursor].spec.submit_time if cursor < n else inf
+            now = heap[0][0] if heap and heap[0][0] < next_arrival else next_arrival
+            if now == inf:
                 break
             ctx.now = now
             dirty = False
-            while events and events.peek_time() == now:
-                _, kind, _, payload = events.pop()
+            while heap and heap[0][0] == now:
+                _, kind, _, payload = heappop(heap)
                 if kind == EventKind.FINISH:
                     job = jobs[payload[0]]
                     if job.finish_version != payload[1] or job.state is not JobState.RUNNING:
@@ -130,14 +133,13 @@ class Simulation:
                 progress(now)
                 next_progress = handled + PROGRESS_EVERY
         end_time = max((j.end_time for j in jobs if j.end_time is not None), default=start_time)
-        for node, since in self._failed_since.items():
-            self.failed_gpu_seconds += (end_time - since) * int(self.topology.node_gpus[node])
         if progress is not None:
             progress(end_time)
         return SimulationResult(
             topology=self.topology, jobs=jobs, decisions=self.log or [], events=handled, rounds=rounds,
             sim_wall_s=time.perf_counter() - wall, busy_gpu_seconds=backend.busy_gpu_seconds,
-            failed_gpu_seconds=self.failed_gpu_seconds, start_time=start_time, end_time=end_time,
+            failed_gpu_seconds=self.health.failed_gpu_seconds(start_time, end_time),
+            start_time=start_time, end_time=end_time,
             rejected=self.rejected,
         )
 
@@ -150,8 +152,8 @@ class Simulation:
             capacity = self._capacity[spec.gpu_type] = self.topology.max_gpus_of_type(spec.gpu_type)
         if spec.gpus > capacity:
             job.state = JobState.REJECTED
-            kind = f"{spec.gpu_type} " if spec.gpu_type else ""
-            job.reason = f"asks for {spec.gpus} GPUs; the cluster has {capacity} {kind}GPUs"
+            pool = f"{spec.gpu_type} GPUs" if spec.gpu_type else "GPUs of one type (jobs never span types)"
+            job.reason = f"asks for {spec.gpus} GPUs; the cluster has at most {capacity} {pool}"
             self.rejected[job.job_id] = job.reason
             return
         job.state = JobState.PENDING
@@ -164,24 +166,22 @@ class Simulation:
             self.ctx.announced[job.job_id] = job
         elif kind == EventKind.NODE_FAILURE:
             node, repair_after = payload  # type: ignore[misc]
-            self._fail(node, now)
-            if repair_after != float("inf"):
-                self.events.push(now + repair_after, EventKind.NODE_REPAIR, node)
+            if not self.health.is_down(node):
+                self._evict_all(node, now)
+                self.ctx.state.fail_node(node)
+            repair_at = self.health.fail(node, now, repair_after)
+            if repair_at is not None:
+                self.events.push(repair_at, EventKind.NODE_REPAIR, node)
         elif kind == EventKind.NODE_REPAIR:
-            node = payload
-            since = self._failed_since.pop(node, None)  # type: ignore[arg-type]
-            if since is not None:
-                self.failed_gpu_seconds += (now - since) * int(self.topology.node_gpus[node])
-            self.ctx.state.repair_node(node)  # type: ignore[arg-type]
+            if self.health.repair(payload, now):  # type: ignore[arg-type]
+                self.ctx.state.repair_node(payload)  # type: ignore[arg-type]
         elif kind == EventKind.TIMER:
             action, rid = payload  # type: ignore[misc]
             if action == "expire" and rid in self.ctx.reservations:
                 self.backend.apply([Release(rid, "reservation reached its end time")], now)
 
-    def _fail(self, node: int, now: float) -> None:
-        """Evict every job on the node back to the queue, then take the node down."""
-        if self.ctx.state.failed[node]:
-            return
+    def _evict_all(self, node: int, now: float) -> None:
+        """Every job on a failing node goes back to the queue (progress kept)."""
         name = self.topology.node_names[node]
         victims = [j for j in self.ctx.running.values() if node in j.allocation.nodes]  # type: ignore[union-attr]
         for job in victims:
@@ -191,5 +191,3 @@ class Simulation:
             self.ctx.pending[job.job_id] = job
             if self.log is not None:
                 self.log.append((now, Preempt(job.job_id, f"evicted: node {name} failed")))
-        self.ctx.state.fail_node(node)
-        self._failed_since[node] = now

@@ -31,21 +31,21 @@ class NodeFailure:
 class EventQueue:
     """Min-heap of (time, kind, seq, payload); seq keeps order deterministic."""
 
-    __slots__ = ("_heap", "_seq")
+    __slots__ = ("heap", "_seq")
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, int, Any]] = []
+        self.heap: list[tuple[float, int, int, Any]] = []
         self._seq = 0
 
     def push(self, time: float, kind: EventKind, payload: Any = None) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (time, int(kind), self._seq, payload))
+        heapq.heappush(self.heap, (time, int(kind), self._seq, payload))
 
     def peek_time(self) -> float:
-        return self._heap[0][0] if self._heap else float("inf")
+        return self.heap[0][0] if self.heap else float("inf")
 
     def pop(self) -> tuple[float, int, int, Any]:
-        return heapq.heappop(self._heap)
+        return heapq.heappop(self.heap)
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self.heap)
