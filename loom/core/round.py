@@ -28,15 +28,25 @@ class RoundPlan:
             self._state = self.ctx.state.copy()
         return self._state
 
+    @property
+    def view(self) -> ClusterState:
+        """The state as this round has changed it so far, for reading (no copy)."""
+        return self._state if self._state is not None else self.ctx.state
+
+    def fork(self) -> RoundPlan:
+        """A what-if copy: try a sequence of changes, keep them only if they work out."""
+        trial = RoundPlan(self.ctx, self.placer)
+        trial._state = self.view.copy()
+        return trial
+
     def fits_by_count(self, gpus: int) -> bool:
-        state = self._state if self._state is not None else self.ctx.state
-        return gpus <= state.free_total
+        return gpus <= self.view.free_total
 
     def place(self, job: Job, gpus: int | None = None) -> Allocation | None:
         gpus = gpus or job.gpus
-        if not self.fits_by_count(gpus):
+        state = self.view  # placers only read, so a failed attempt copies nothing
+        if gpus > state.free_total:
             return None
-        state = self.state
         allowed = state.usable_mask(self.ctx.reservation_for(job.job_id) if self.ctx.reservations else None,
                                     job.spec.gpu_type)
         return self.placer.place(job.spec, gpus, state, allowed)

@@ -33,8 +33,7 @@ class PriorityPreemption:
         )
         if sum(v.allocation.total for v in victims) + plan.state.free_total < job.gpus:  # type: ignore[union-attr]
             return
-        trial = RoundPlan(ctx, plan.placer)
-        trial._state = plan.state.copy()
+        trial = plan.fork()
         chosen: list[Job] = []
         for victim in victims:
             trial.state.release(victim.allocation)  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ def start_fitting(plan: RoundPlan, jobs: Iterable[Job], reason: Callable[[Job], 
     """
     smallest_failure: dict[str | None, int] = {}
     for job in jobs:
-        state = plan.state if plan._state is not None else plan.ctx.state
+        state = plan.view
         if state.free_total == 0:
             break
         kind = job.spec.gpu_type
