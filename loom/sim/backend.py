@@ -27,17 +27,16 @@ class SimBackend:
         self.busy_gpu_seconds = 0.0
 
     # --------------------------------------------------------------- apply
-    def apply(self, decisions: list[Decision], now: float) -> bool:
-        """Apply in order; True if any job started or stopped."""
-        changed = False
+    def apply(self, decisions: list[Decision], now: float) -> None:
+        """Apply in order, logging each before its consequences (e.g. a reservation
+        released because its job started)."""
         for d in decisions:
             handler = _HANDLERS.get(type(d))
             if handler is None:
                 raise DecisionError(f"unknown decision type {type(d).__name__}")
-            changed |= handler(self, d, now)
             if self.log is not None:
                 self.log.append((now, d))
-        return changed
+            handler(self, d, now)
 
     def _job(self, job_id: str, *expected: JobState) -> Job:
         job = self.jobs.get(job_id)
@@ -47,7 +46,7 @@ class SimBackend:
             raise DecisionError(f"job '{job_id}' is {job.state.name}, expected {'/'.join(s.name for s in expected)}")
         return job
 
-    def _start(self, d: Start | Resume, now: float) -> bool:
+    def _start(self, d: Start | Resume, now: float) -> None:
         job = self._job(d.job_id, JobState.PENDING)
         self.state.allocate(d.allocation)
         del self.ctx.pending[job.job_id]
@@ -59,17 +58,15 @@ class SimBackend:
         self._run_on(job, d.allocation, now)
         for rid in [r.reservation_id for r in self.ctx.reservations.values() if r.for_job == job.job_id]:
             self.apply([Release(rid, f"job {job.job_id} started: its reservation is used up")], now)
-        return True
 
-    def _preempt(self, d: Preempt, now: float) -> bool:
+    def _preempt(self, d: Preempt, now: float) -> None:
         job = self._job(d.job_id, JobState.RUNNING)
         self.stop(job, now)
         job.preemptions += 1
         job.state = JobState.PENDING
         self.ctx.pending[job.job_id] = job
-        return True
 
-    def _migrate(self, d: Migrate | Resize, now: float) -> bool:
+    def _migrate(self, d: Migrate | Resize, now: float) -> None:
         job = self._job(d.job_id, JobState.RUNNING)
         if isinstance(d, Migrate) and d.allocation.total != job.allocation.total:  # type: ignore[union-attr]
             raise DecisionError(f"migrate of '{job.job_id}' changes its GPU count; use Resize")
@@ -82,9 +79,8 @@ class SimBackend:
         else:
             job.migrations += 1
         self._run_on(job, d.allocation, now)
-        return True
 
-    def _reserve(self, d: Reserve, now: float) -> bool:
+    def _reserve(self, d: Reserve, now: float) -> None:
         if d.reservation_id in self.ctx.reservations:
             raise DecisionError(f"reservation {d.reservation_id} already exists")
         self.state.reserve(d.nodes, d.reservation_id)
@@ -92,19 +88,16 @@ class SimBackend:
             d.reservation_id, d.nodes, d.until, d.for_job)
         self.ctx.next_reservation_id = max(self.ctx.next_reservation_id, d.reservation_id + 1)
         self.events.push(d.until, EventKind.TIMER, ("expire", d.reservation_id))
-        return False
 
-    def _release(self, d: Release, now: float) -> bool:
+    def _release(self, d: Release, now: float) -> None:
         if self.ctx.reservations.pop(d.reservation_id, None) is None:
             raise DecisionError(f"no reservation {d.reservation_id} to release")
         self.state.unreserve(d.reservation_id)
-        return False
 
-    def _timer(self, d: Timer, now: float) -> bool:
+    def _timer(self, d: Timer, now: float) -> None:
         if d.at < now:
             raise DecisionError(f"timer in the past ({d.at} < {now})")
         self.events.push(d.at, EventKind.TIMER, ("wake", None))
-        return False
 
     # ------------------------------------------------------------ progress
     def _run_on(self, job: Job, alloc: Allocation, now: float) -> None:
