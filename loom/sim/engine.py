@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from loom.core.context import SchedulingContext, oracle_runtime
-from loom.core.decisions import Decision, Preempt, Release
+from loom.core.decisions import Decision, Preempt, Release, Resize
 from loom.core.jobs import Job, JobState
 from loom.core.protocols import Placer, Policy, SpeedModel
 from loom.errors import LoomInputError
@@ -26,6 +26,7 @@ from loom.sim.speed import TraceDurationSpeed
 from loom.workload.job import JobSpec
 
 ProgressCallback = Callable[[float], None]
+FREES_CAPACITY = (Preempt, Release, Resize)
 PROGRESS_EVERY = 16384
 
 
@@ -93,6 +94,7 @@ class Simulation:
         cursor, n = 0, len(jobs)
         handled = rounds = 0
         round_pending = False
+        followup_at = -inf
         next_progress = PROGRESS_EVERY
         now = jobs[0].spec.submit_time if jobs else 0.0
         start_time = now
@@ -111,7 +113,7 @@ class Simulation:
                         continue  # stale: the job was preempted, migrated or resized since
                     backend.finish(job, now)
                 elif kind == EventKind.ROUND:
-                    round_pending = False
+                    round_pending = round_pending and payload != "periodic"
                 else:
                     self._handle(kind, payload, now)
                 dirty = True
@@ -125,14 +127,20 @@ class Simulation:
                 decisions = self.policy.schedule(ctx)
                 if decisions:
                     backend.apply(decisions, now)
+                    if followup_at != now and any(type(d) in FREES_CAPACITY for d in decisions):
+                        # capacity freed in this round: give the policy one more look now
+                        events.push(now, EventKind.ROUND, "follow-up")
+                        followup_at = now
                 rounds += 1
                 if self.round_interval and ctx.pending and not round_pending:
-                    events.push(now + self.round_interval, EventKind.ROUND)
+                    events.push(now + self.round_interval, EventKind.ROUND, "periodic")
                     round_pending = True
             if progress is not None and handled >= next_progress:
                 progress(now)
                 next_progress = handled + PROGRESS_EVERY
-        end_time = max((j.end_time for j in jobs if j.end_time is not None), default=start_time)
+        # the last moment a job held GPUs: a finish, or the stop of a job left unfinished
+        end_time = max((j.end_time if j.end_time is not None else j.since
+                        for j in jobs if j.first_start is not None), default=start_time)
         if progress is not None:
             progress(end_time)
         return SimulationResult(
