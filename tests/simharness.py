@@ -32,7 +32,7 @@ from loom.workload.job import JobSpec
 # half-finished policy registered elsewhere cannot turn this suite red.
 POLICY_NAMES = ("fcfs", "sjf", "easy", "priority")
 PLACER_NAMES = ("first-fit", "best-fit", "gpu-packing")
-GPU_TYPES = ("A100", "H800")
+GPU_TYPES = ("A100-80GB", "H800")
 UNKNOWN_TYPE = "V100"  # never in any generated cluster: capacity 0, always rejected
 INF = float("inf")
 

@@ -34,8 +34,8 @@ def _one_node(gpus: int = 8) -> Topology:
 
 def _two_type_cluster() -> Topology:
     return Topology.build("het", DEFAULT_TIERS, [
-        NodeDef("a0", ("core", "mp0", "leaf0"), "A100", 4),
-        NodeDef("a1", ("core", "mp0", "leaf0"), "A100", 4),
+        NodeDef("a0", ("core", "mp0", "leaf0"), "A100-80GB", 4),
+        NodeDef("a1", ("core", "mp0", "leaf0"), "A100-80GB", 4),
         NodeDef("h0", ("core", "mp0", "leaf1"), "H800", 4),
     ], minipod_tier="minipod")
 

@@ -72,3 +72,8 @@ def test_failed_and_reserved_nodes(small_clos):
     assert state.usable_mask(reservation=7)[0]
     state.unreserve(7)
     assert state.usable_mask() is None
+
+
+def test_unknown_gpu_type_is_a_clear_error():
+    with pytest.raises(LoomInputError, match="unknown GPU type 'A100-80G'.*did you mean A100-80GB"):
+        Topology.build("t", (Tier("leaf"),), [NodeDef("a", ("l",), "A100-80G", 8)], source="my.yaml")

@@ -8,6 +8,7 @@ arrays indexed by node or switch, cheap to copy for what-if evaluation.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -115,6 +116,7 @@ class Topology:
                     parents[level].append(parent)
                 switch_of[level, i] = sid
                 parent = sid
+        _check_gpu_types(type_names, source)
         names = tuple(tuple("/".join(key) for key in ids) for ids in switch_ids)
         mp = _minipod_tier(tiers, minipod_tier, source)
         return cls(
@@ -180,6 +182,19 @@ class Topology:
             mask = self.node_type == tid
             out[name] = (int(mask.sum()), int(self.node_gpus[mask].sum()))
         return out
+
+
+def _check_gpu_types(names: list[str], source: str | None) -> None:
+    """Every GPU type must be in the spec table, so estimators can price it later."""
+    from loom.hardware.gpus import load_gpu_specs
+
+    known = load_gpu_specs()
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=2)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise LoomInputError(f"unknown GPU type '{name}' (known: {', '.join(sorted(known))}){hint}",
+                                 source=source, field="gpu_type")
 
 
 def _minipod_tier(tiers: tuple[Tier, ...], requested: str | None, source: str | None) -> int:
