@@ -17,12 +17,16 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from loom.cli import report as report_cli
+from loom.cli import traces as traces_cli
 from loom.errors import LoomInputError
 
 app = typer.Typer(help="Loom: an LLM-aware GPU cluster scheduler and simulator.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
 clusters_app = typer.Typer(help="List and inspect clusters.", no_args_is_help=True)
 app.add_typer(clusters_app, name="clusters")
+app.add_typer(traces_cli.app, name="traces")
+report_cli.register(app)
 console = Console()
 err_console = Console(stderr=True)
 F = TypeVar("F", bound=Callable[..., Any])
