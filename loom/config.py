@@ -34,6 +34,7 @@ class Outputs(_Strict):
     dir: Path = Path("runs/latest")
     decision_log: bool = True
     job_records: bool = True
+    report: bool = True  # report.html (needs job_records)
 
 
 class SimConfig(_Strict):

@@ -1,8 +1,9 @@
 """Build a simulation from a config, run it, write its outputs.
 
 Outputs in `outputs.dir`: `summary.json`, `jobs.parquet` (per-job records),
-`decisions.jsonl` (every decision with its reason) and `manifest.json`
-(Loom version, git commit, the resolved config, seed, timings).
+`decisions.jsonl` (every decision with its reason), `manifest.json`
+(Loom version, git commit, the resolved config, seed, timings) and
+`report.html` (plots and tables, see `loom report`).
 """
 
 from __future__ import annotations
@@ -100,6 +101,10 @@ def run(config: SimConfig, progress_factory: Callable[[Simulation], Callable[[fl
         "wall_s": time.perf_counter() - t0,
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    if config.outputs.report and config.outputs.job_records:
+        from loom.report.html import write_report  # matplotlib: imported only when a report is wanted
+
+        write_report(out)
     return RunOutputs(result, stats, out)
 
 

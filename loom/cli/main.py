@@ -6,11 +6,10 @@ and exit with status 2; they never show a traceback.
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -19,7 +18,7 @@ from rich.table import Table
 
 from loom.cli import report as report_cli
 from loom.cli import traces as traces_cli
-from loom.errors import LoomInputError
+from loom.cli.errors import err_console, user_errors
 
 app = typer.Typer(help="Loom: an LLM-aware GPU cluster scheduler and simulator.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -28,20 +27,6 @@ app.add_typer(clusters_app, name="clusters")
 app.add_typer(traces_cli.app, name="traces")
 report_cli.register(app)
 console = Console()
-err_console = Console(stderr=True)
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def user_errors(fn: F) -> F:
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except LoomInputError as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
-
-    return wrapper  # type: ignore[return-value]
 
 
 @app.command()
@@ -57,6 +42,7 @@ def simulate(
     limit: int = typer.Option(None, help="Simulate only the first N jobs of the trace."),
     round_interval: float = typer.Option(None, help="Also run a scheduling round every S seconds."),
     decision_log: bool = typer.Option(None, "--decision-log/--no-decision-log", help="Write decisions.jsonl."),
+    report: bool = typer.Option(None, "--report/--no-report", help="Write report.html."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Replay a trace on a cluster with a policy and a placer; write metrics to --out."""
@@ -66,7 +52,7 @@ def simulate(
     cfg = load_config(config, {
         "trace": trace, "cluster": cluster, "policy": policy, "placer": placer, "seed": seed,
         "outputs.dir": str(out) if out else None, "limit_jobs": limit, "round_interval_s": round_interval,
-        "outputs.decision_log": decision_log,
+        "outputs.decision_log": decision_log, "outputs.report": report,
     })
     if quiet:
         outputs = run(cfg)
@@ -92,7 +78,8 @@ def _print_summary(stats: dict[str, Any], out_dir: Path) -> None:
         value = stats[key]
         table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else f"{value:,}")
     console.print(table)
-    console.print(f"outputs in [bold]{out_dir}[/] (summary.json, jobs.parquet, decisions.jsonl, manifest.json)")
+    written = [p.name for p in sorted(out_dir.iterdir()) if p.is_file()]
+    console.print(f"outputs in [bold]{out_dir}[/]: {', '.join(written)}")
 
 
 @clusters_app.command("list")
