@@ -1,0 +1,125 @@
+"""Helpers shared by the cluster importers: query suffixes, GPU aliases, files."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable
+from functools import lru_cache
+from importlib.resources import files
+from pathlib import Path
+from urllib.parse import unquote
+
+import yaml
+
+from loom.errors import LoomInputError
+from loom.hardware.topology import NodeDef, Tier
+
+
+def split_query(spec: str, allowed: Iterable[str]) -> tuple[str, dict[str, str]]:
+    """`hosts.csv?gpu_type=H100&gpus_per_node=8` → ("hosts.csv", {...}).
+
+    Only the text after the last `?` is a query; unknown keys are errors so a
+    typo never silently falls back to a default.
+    """
+    allowed = tuple(allowed)
+    path, sep, query = spec.rpartition("?")
+    if not sep:
+        return spec, {}
+    params: dict[str, str] = {}
+    for part in query.split("&"):
+        if not part:
+            continue
+        key, eq, value = part.partition("=")
+        key = unquote(key.strip())
+        if not eq or not key:
+            raise LoomInputError(f"query parameter '{part}' is not KEY=VALUE", source=path, field="query")
+        if key not in allowed:
+            raise LoomInputError(f"unknown query parameter (allowed: {', '.join(allowed) or 'none'})",
+                                 source=path, field=key)
+        if key in params:
+            raise LoomInputError("query parameter given twice", source=path, field=key)
+        params[key] = unquote(value.strip())
+    return path, params
+
+
+def positive_int(text: str, *, source: str, field: str, line: int | None = None, allow_zero: bool = False) -> int:
+    value = text.strip()
+    if not re.fullmatch(r"\d+", value) or (int(value) == 0 and not allow_zero):
+        kind = "non-negative" if allow_zero else "positive"
+        raise LoomInputError(f"expected a {kind} integer, got '{text}'", source=source, line=line, field=field)
+    return int(value)
+
+
+@lru_cache(maxsize=1)
+def gpu_aliases() -> dict[str, str]:
+    resource = files("loom.hardware") / "data" / "gpu_aliases.yaml"
+    data = yaml.safe_load(resource.read_text(encoding="utf-8")) or {}
+    return {str(k): str(v) for k, v in data.items()}
+
+
+def resolve_gpu_type(name: str, *, source: str | None, line: int | None = None, field: str = "gpu_type") -> str:
+    """A spec name from gpus.yaml, or an alias from gpu_aliases.yaml; else a located error."""
+    from loom.hardware.gpus import load_gpu_specs
+
+    known = load_gpu_specs()
+    name = name.strip()
+    if name in known:
+        return name
+    aliases = gpu_aliases()
+    if name in aliases:
+        return aliases[name]
+    by_lower = {k.lower(): v for k, v in {**{k: k for k in known}, **aliases}.items()}
+    if name.lower() in by_lower:
+        return by_lower[name.lower()]
+    close = difflib.get_close_matches(name, [*known, *aliases], n=2)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise LoomInputError(f"unknown GPU type '{name}' (known: {', '.join(sorted(known))}){hint}",
+                         source=source, line=line, field=field)
+
+
+def read_text(path: str | Path, what: str) -> str:
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8-sig")
+    except OSError as exc:
+        raise LoomInputError(f"cannot read {what}: {exc.strerror or exc}", source=str(p)) from None
+    except UnicodeDecodeError:
+        raise LoomInputError(f"{what} is not UTF-8 text", source=str(p)) from None
+
+
+def natural_key(name: str) -> tuple:
+    """Sort `n2` before `n10`."""
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
+
+
+# Tiers for inventories that publish no switch topology (Alibaba): the same
+# 100 Gb/s, 1:1, 3/2/1 µs fabric docs/CLUSTERS.md assumes for Philly.
+INVENTORY_TIERS = (
+    Tier("core", bandwidth_gbps=100.0, latency_us=3.0),
+    Tier("pod", bandwidth_gbps=100.0, latency_us=2.0),
+    Tier("rack", bandwidth_gbps=100.0, latency_us=1.0),
+)
+INVENTORY_RACK_SIZE = 16
+
+
+def group_inventory(rows: list[tuple[str, str, int]]) -> list[NodeDef]:
+    """(name, gpu_type, gpus) → nodes under core → pod per SKU → racks of 16.
+
+    A SKU is (GPU type, GPUs per node); inside a pod, nodes are sorted by name
+    (numbers compared numerically) and racked 16 at a time.
+    """
+    defs = []
+    fill: dict[str, int] = {}
+    for name, gpu_type, gpus in sorted(rows, key=lambda r: natural_key(r[0])):
+        pod = f"pod-{gpu_type.lower()}x{gpus}"
+        k = fill.get(pod, 0)
+        fill[pod] = k + 1
+        defs.append(NodeDef(name, ("core", pod, f"rack{k // INVENTORY_RACK_SIZE:02d}"), gpu_type, gpus))
+    return defs
+
+
+def default_tiers(names: list[str], bandwidth_gbps: float = 400.0) -> tuple[Tier, ...]:
+    """Documented defaults: 400 Gb/s, 1:1 at every tier; 1 µs per tier, more towards the top."""
+    depth = len(names)
+    return tuple(Tier(n, bandwidth_gbps=bandwidth_gbps, latency_us=float(depth - i)) for i, n in enumerate(names))
