@@ -46,6 +46,14 @@ class JobSpec:
     preemptible: bool = False
     priority: int = 0
     announce_time: float | None = None
+    # Optional trace detail (added for the Alibaba / Arena loaders; all default to "not given").
+    gpu_types: tuple[str, ...] | None = None  # "any of these" GPU types; gpu_type is set when there is one
+    gpu_fraction: float | None = None  # share of one GPU (e.g. 0.46) for fractional pods; gpus stays 1
+    cpu_milli: int | None = None
+    memory_mib: int | None = None
+    iterations: int | None = None
+    batch_size: int | None = None
+    deadline: float | None = None  # absolute time, same clock as submit_time
 
     def __post_init__(self) -> None:
         if self.gpus < 1:

@@ -1,4 +1,10 @@
-"""Trace loader registry: `--trace NAME` or `--trace FORMAT:PATH`."""
+"""Trace loader registry: `--trace NAME` or `--trace FORMAT:PATH`.
+
+Formats (each a module of `loom.workload`, documented in docs/TRACES.md):
+`rfold`, `sia-philly`, `alibaba-pods`, `arena`, `acme`, `csv`. Loaded traces
+are cached as Parquet (see `loom.workload.cache`); pass `cache=False` or set
+`LOOM_CACHE=off` to read the source every time.
+"""
 
 from __future__ import annotations
 
@@ -12,15 +18,27 @@ from loom.workload.job import JobSpec
 TraceLoader = Callable[[Path], list[JobSpec]]
 
 # format name → loader(path); named traces → (format, path relative to shared traces)
-LOADERS: Registry[TraceLoader] = Registry("trace format", "loom.trace_loaders", ("loom.workload.philly",))
-NAMED_TRACES: dict[str, tuple[str, str]] = {"philly": ("rfold", "philly/rfold_philly_trace.csv")}
+LOADERS: Registry[TraceLoader] = Registry("trace format", "loom.trace_loaders", (
+    "loom.workload.philly", "loom.workload.sia_philly", "loom.workload.alibaba", "loom.workload.arena",
+    "loom.workload.acme", "loom.workload.generic_csv",
+))
+NAMED_TRACES: dict[str, tuple[str, str]] = {
+    "philly": ("rfold", "philly/rfold_philly_trace.csv"),
+    "philly-vc": ("sia-philly", "philly/sia_philly.csv"),
+    "alibaba-v2023": ("alibaba-pods", "alibaba/gpu-v2023/openb_pod_list_gpuspec33.csv"),
+    "alibaba-v2023-default": ("alibaba-pods", "alibaba/gpu-v2023/openb_pod_list_default.csv"),
+    "alibaba-rfold": ("rfold", "alibaba/gpu-v2023/rfold_alibaba_v2023.csv"),
+    "arena-philly": ("arena", "crius_arena/simulate_trace_philly.csv"),
+    "arena-pai": ("arena", "crius_arena/simulate_trace_pai.csv"),
+    "arena-venus": ("arena", "crius_arena/simulate_trace_venus.csv"),
+}
 
 
-def load_trace(spec: str) -> list[JobSpec]:
-    """Jobs sorted by submit time (stable), from a named trace or FORMAT:PATH."""
-    from loom.paths import shared_traces_dir
-
+def resolve_trace(spec: str) -> tuple[str, Path]:
+    """(format, path) of a named trace or FORMAT:PATH; the file must exist."""
     if spec in NAMED_TRACES:
+        from loom.paths import shared_traces_dir
+
         fmt, rel = NAMED_TRACES[spec]
         path = shared_traces_dir() / rel
     else:
@@ -32,8 +50,29 @@ def load_trace(spec: str) -> list[JobSpec]:
                 field="trace",
             )
         path = Path(raw)
-    loader = LOADERS.get(fmt)
+    LOADERS.get(fmt)  # unknown format → UnknownNameError listing the known ones
     if not path.is_file():
         raise LoomInputError("trace file not found", source=str(path), field="trace")
-    jobs = loader(path)
-    return sorted(jobs, key=lambda j: j.submit_time)
+    return fmt, path
+
+
+def load_trace(spec: str, cache: bool = True) -> list[JobSpec]:
+    """Jobs sorted by submit time (stable), from a named trace or FORMAT:PATH.
+
+    The result is a `TraceJobs` list: `.skipped` counts rows the format drops on
+    purpose (CPU-only pods, jobs that never ran).
+    """
+    from loom.workload.cache import cached_load
+    from loom.workload.common import TraceJobs
+
+    fmt, path = resolve_trace(spec)
+    loader = LOADERS.get(fmt)
+
+    def parse() -> TraceJobs:
+        jobs = loader(path)
+        skipped = getattr(jobs, "skipped", {})
+        return TraceJobs(sorted(jobs, key=lambda j: j.submit_time), skipped)
+
+    if not cache:
+        return parse()
+    return cached_load(fmt, path, parse)

@@ -1,69 +1,50 @@
 """RFold-format traces (`#job id, arrival time (sec), topology, shape, size, duration (sec)`).
 
-This is how the full 111,549-job Philly list is published (shuoshuc/RFold).
+This is how the full 111,549-job Philly list is published (shuoshuc/RFold), and
+how RFold re-encodes the Alibaba v2023 pod list (`alibaba-rfold`).
 Rules: rows are validated with file and line; a duration of 0 is kept (the job
-finishes the instant it starts); sizes must be positive integers.
+finishes the instant it starts); a negative duration is an error. `size` must be
+> 0; a fractional size (Alibaba GPU sharing, e.g. 0.46) is rounded up to whole
+GPUs and the raw value is kept in `JobSpec.gpu_fraction` (the simulator places
+such a job on one whole GPU for now).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import polars as pl
-
 from loom.errors import LoomInputError
-from loom.workload.job import JobClass, JobSpec
+from loom.workload.common import Col, TraceJobs, build_specs, ceil_gpus, parse_columns, read_csv, unique_ids
+from loom.workload.job import JobClass
 from loom.workload.loaders import LOADERS
 
 RFOLD_COLUMNS = ["#job id", "arrival time (sec)", "topology", "shape", "size", "duration (sec)"]
+_COLS = [
+    Col("#job id"),
+    Col("arrival time (sec)", "float", min=0, min_message="negative arrival time"),
+    Col("topology", required=False),
+    Col("shape", required=False),
+    Col("size", "float", min=0, strict_min=True, min_message="GPU count must be > 0 (≥ 1 after rounding up)",
+        type_message="not an integer"),
+    Col("duration (sec)", "float", min=0, min_message="negative duration"),
+]
 
 
 @LOADERS.register("rfold")
-def load_rfold(path: Path) -> list[JobSpec]:
-    frame = _read(path)
-    ids = frame["#job id"].cast(pl.Utf8).to_list()
-    arrivals = frame["arrival time (sec)"].to_list()
-    sizes = frame["size"].to_list()
-    durations = frame["duration (sec)"].to_list()
-    return [
-        JobSpec(job_id=i, submit_time=a, gpus=s, duration=d, job_class=JobClass.UNKNOWN)
-        for i, a, s, d in zip(ids, arrivals, sizes, durations)
-    ]
-
-
-def _read(path: Path) -> pl.DataFrame:
-    try:
-        frame = pl.read_csv(path, infer_schema=False)
-    except (pl.exceptions.ComputeError, pl.exceptions.NoDataError) as exc:
-        raise LoomInputError(f"not a readable CSV: {str(exc).splitlines()[0]}", source=str(path)) from None
-    missing = [c for c in RFOLD_COLUMNS if c not in frame.columns]
+def load_rfold(path: Path) -> TraceJobs:
+    raw = read_csv(path, _COLS)
+    missing = [c for c in RFOLD_COLUMNS if c not in raw.columns]
     if missing:
         raise LoomInputError(f"missing columns {missing}; expected {RFOLD_COLUMNS}", source=str(path), line=1)
-    typed = frame.select(
-        pl.col("#job id").str.strip_chars(),
-        pl.col("arrival time (sec)").str.strip_chars().cast(pl.Float64, strict=False),
-        pl.col("size").str.strip_chars().cast(pl.Int64, strict=False),
-        pl.col("duration (sec)").str.strip_chars().cast(pl.Float64, strict=False),
-    )
-    _check(frame, typed, path)
-    return typed
-
-
-def _check(raw: pl.DataFrame, typed: pl.DataFrame, path: Path) -> None:
-    """Name the first bad row: line numbers count the header as line 1."""
-    checks = [
-        ("#job id", typed["#job id"].is_null() | (typed["#job id"] == ""), "empty job id"),
-        ("arrival time (sec)", typed["arrival time (sec)"].is_null(), "not a number"),
-        ("arrival time (sec)", typed["arrival time (sec)"] < 0, "negative arrival time"),
-        ("size", typed["size"].is_null(), "not an integer"),
-        ("size", typed["size"] < 1, "GPU count must be ≥ 1"),
-        ("duration (sec)", typed["duration (sec)"].is_null(), "not a number"),
-        ("duration (sec)", typed["duration (sec)"] < 0, "negative duration"),
-        ("#job id", ~typed["#job id"].is_first_distinct(), "duplicate job id"),
-    ]
-    for column, bad, message in checks:
-        bad = bad.fill_null(False)
-        if bad.any():
-            row = int(bad.arg_true()[0])
-            value = raw[column][row]
-            raise LoomInputError(f"{message}: {value!r}", source=str(path), line=row + 2, field=column)
+    frame = parse_columns(raw, path, _COLS)
+    unique_ids(frame["#job id"], raw, path, "#job id")
+    gpus, fractions = ceil_gpus(frame["size"])
+    n = frame.height
+    return TraceJobs(build_specs(n, {
+        "job_id": frame["#job id"].to_list(),
+        "submit_time": frame["arrival time (sec)"].to_list(),
+        "gpus": gpus,
+        "duration": frame["duration (sec)"].to_list(),
+        "job_class": JobClass.UNKNOWN,
+        "gpu_fraction": fractions if any(f is not None for f in fractions) else None,
+    }))
