@@ -182,3 +182,19 @@ def test_failed_node_never_used_until_repaired(small_clos):
 def test_zero_duration_job_finishes_when_started(small_clos):
     jobs = by_id(simulate(small_clos, [job("z", 5, 8, 0)]))
     assert jobs["z"].first_start == jobs["z"].end_time == 5
+
+
+def test_gpu_type_set_constraint_runs_on_one_type_of_the_set(hetero):
+    from dataclasses import replace
+
+    specs = [
+        replace(job("any-of", 0, 8, 10), gpu_types=("V100", "A100-80GB")),
+        replace(job("v100-only", 0, 4, 10), gpu_types=("V100", "H100")),  # H100 absent: V100 it is
+        replace(job("too-big", 0, 12, 10), gpu_types=("V100",)),  # only 8 V100 GPUs exist
+    ]
+    result = simulate(hetero, specs, POLICIES.get("easy")())
+    jobs = by_id(result)
+    kinds = {hetero.node_type[n] for n in jobs["any-of"].allocation.nodes}
+    assert len(kinds) == 1
+    assert {hetero.node_names[n][0] for n in jobs["v100-only"].allocation.nodes} == {"v"}
+    assert jobs["too-big"].state is JobState.REJECTED and "V100" in jobs["too-big"].reason

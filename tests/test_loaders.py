@@ -44,7 +44,7 @@ def test_alibaba_pods(tmp_path):
     assert (b.gpus, b.gpu_fraction, b.gpu_type, b.gpu_types, b.preemptible, b.final_status, b.duration) == (
         1, 0.46, "T4", ("T4",), True, FinalStatus.COMPLETED, 150)
     assert (c.gpus, c.gpu_type, c.gpu_types, c.final_status, c.cpu_milli, c.memory_mib) == (
-        2, None, ("V100M16", "V100M32"), FinalStatus.FAILED, 6000, 12288)
+        2, None, ("V100-16GB", "V100"), FinalStatus.FAILED, 6000, 12288)
 
 
 def test_alibaba_negative_duration(tmp_path):

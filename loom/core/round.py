@@ -47,8 +47,9 @@ class RoundPlan:
         state = self.view  # placers only read, so a failed attempt copies nothing
         if gpus > state.free_total:
             return None
+        spec = job.spec
         allowed = state.usable_mask(self.ctx.reservation_for(job.job_id) if self.ctx.reservations else None,
-                                    job.spec.gpu_type)
+                                    spec.gpu_type, spec.gpu_types)
         return self.placer.place(job.spec, gpus, state, allowed)
 
     def try_start(self, job: Job, reason: str, plan: ParallelPlan | None = None) -> Allocation | None:

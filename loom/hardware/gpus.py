@@ -166,3 +166,29 @@ def _parse_entry(loader: yaml.SafeLoader, name: str, node: yaml.Node, source: st
 
 def _line(node: yaml.Node) -> int:
     return node.start_mark.line + 1
+
+
+@lru_cache(maxsize=1)
+def gpu_aliases() -> dict[str, str]:
+    """Model names used by public traces (data/gpu_aliases.yaml) → spec names."""
+    resource = files("loom.hardware") / "data" / "gpu_aliases.yaml"
+    data = yaml.safe_load(resource.read_text(encoding="utf-8")) or {}
+    return {str(k): str(v) for k, v in data.items()}
+
+
+def resolve_gpu_type(name: str, *, source: str | None, line: int | None = None, field: str = "gpu_type") -> str:
+    """A spec name from gpus.yaml, or an alias from gpu_aliases.yaml; else a located error."""
+    known = load_gpu_specs()
+    name = name.strip()
+    if name in known:
+        return name
+    aliases = gpu_aliases()
+    if name in aliases:
+        return aliases[name]
+    by_lower = {k.lower(): v for k, v in {**{k: k for k in known}, **aliases}.items()}
+    if name.lower() in by_lower:
+        return by_lower[name.lower()]
+    close = difflib.get_close_matches(name, [*known, *aliases], n=2)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise LoomInputError(f"unknown GPU type '{name}' (known: {', '.join(sorted(known))}){hint}",
+                         source=source, line=line, field=field)

@@ -139,8 +139,10 @@ class ClusterState:
         self.reserved_nodes = int((self.reserved_by != NO_RESERVATION).sum())
 
     # --------------------------------------------------------------- queries
-    def usable_mask(self, reservation: int | None = None, gpu_type: str | None = None) -> np.ndarray | None:
-        """Nodes a job may use: unreserved (or reserved for it) and of its type.
+    def usable_mask(self, reservation: int | None = None, gpu_type: str | None = None,
+                    gpu_types: tuple[str, ...] | None = None) -> np.ndarray | None:
+        """Nodes a job may use: unreserved (or reserved for it) and of its type
+        (`gpu_types`: any one of a set; a job still never spans types).
 
         Returns None when every node qualifies, so placers can skip masking.
         """
@@ -152,6 +154,11 @@ class ClusterState:
         if gpu_type is not None and not (topo.homogeneous and topo.gpu_types[0] == gpu_type):
             type_mask = topo.node_type == topo.type_id(gpu_type)
             mask = type_mask if mask is None else (mask & type_mask)
+        if gpu_types:
+            ids = [topo.type_id(t) for t in gpu_types]
+            if not (topo.homogeneous and topo.gpu_types[0] in gpu_types):
+                set_mask = np.isin(topo.node_type, [i for i in ids if i is not None])
+                mask = set_mask if mask is None else (mask & set_mask)
         return mask
 
     @property

@@ -73,7 +73,7 @@ class Simulation:
         self.log: list[tuple[float, Decision]] | None = [] if log_decisions else None
         self.backend = SimBackend(self.ctx, self.by_id, speed or TraceDurationSpeed(), self.events, self.log)
         self.rejected: dict[str, str] = {}
-        self._capacity: dict[str | None, int] = {}
+        self._capacity: dict[tuple[str | None, ...], int] = {}
         self.health = NodeHealth(topology.node_gpus.tolist())
         for job in self.jobs:
             if job.spec.announce_time is not None:
@@ -155,12 +155,14 @@ class Simulation:
     def _arrive(self, job: Job) -> None:
         spec = job.spec
         self.ctx.announced.pop(job.job_id, None)
-        capacity = self._capacity.get(spec.gpu_type)
+        kinds = spec.gpu_types or (spec.gpu_type,)
+        capacity = self._capacity.get(kinds)
         if capacity is None:
-            capacity = self._capacity[spec.gpu_type] = self.topology.max_gpus_of_type(spec.gpu_type)
+            capacity = self._capacity[kinds] = max(self.topology.max_gpus_of_type(k) for k in kinds)
         if spec.gpus > capacity:
             job.state = JobState.REJECTED
-            pool = f"{spec.gpu_type} GPUs" if spec.gpu_type else "GPUs of one type (jobs never span types)"
+            pool = (f"{'/'.join(k for k in kinds if k)} GPUs of one type" if kinds != (None,)
+                    else "GPUs of one type (jobs never span types)")
             job.reason = f"asks for {spec.gpus} GPUs; the cluster has at most {capacity} {pool}"
             self.rejected[job.job_id] = job.reason
             return

@@ -17,11 +17,10 @@ Mapping rules:
   records `gpu_fraction = gpu_milli / 1000`; the simulator gives such a pod one
   whole GPU for now.
 * `gpu_spec`: a `|`-separated set of allowed GPU models (`T4`,
-  `V100M16|V100M32`). `gpu_types` holds the set; `gpu_type` is set only when the
-  set has one member (a multi-type set leaves `gpu_type = None`, i.e. "any",
-  until placement honours `gpu_types`). The Alibaba model names (G2, G3, T4,
-  P100, V100M16, V100M32, A10) are kept as given; mapping them to Loom GPU specs
-  is the job of the GPU alias table.
+  `V100M16|V100M32`), mapped to GPU spec names through data/gpu_aliases.yaml
+  (V100M16 → V100-16GB, V100M32 → V100, ...). `gpu_types` holds the set (the
+  job runs on any one of them, never across); `gpu_type` is set when the set
+  has one member.
 * `qos`: `BE` (best effort) → `preemptible = True`; LS, Burstable, Guaranteed →
   not preemptible. Priority stays 0.
 * `pod_phase`: Succeeded → completed, Failed → failed, Running / Pending →
@@ -34,6 +33,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import polars as pl
+
+from loom.hardware.gpus import resolve_gpu_type
 
 from loom.workload.common import Col, TraceJobs, build_specs, check_rows, parse_columns, read_csv, unique_ids
 from loom.workload.job import FinalStatus
@@ -85,7 +86,8 @@ def load_alibaba_pods(path: Path) -> TraceJobs:
     if "gpu_spec" in kept.columns:
         for i, spec in enumerate(kept["gpu_spec"].to_list()):
             if spec:
-                types = tuple(t.strip() for t in spec.split("|") if t.strip())
+                types = tuple(resolve_gpu_type(t, source=str(path), field="gpu_spec")
+                              for t in spec.split("|") if t.strip())
                 gpu_types[i] = types or None
                 gpu_type[i] = types[0] if len(types) == 1 else None
 

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from loom.workload.common import SPEC_FIELDS, TraceJobs, build_specs
 from loom.workload.job import FinalStatus, JobClass
 
-CACHE_VERSION = "1"
+CACHE_VERSION = "2"
 _SCHEMA = {
     "job_id": pl.Utf8, "submit_time": pl.Float64, "gpus": pl.Int64, "duration": pl.Float64, "gpu_type": pl.Utf8,
     "job_class": pl.Utf8, "user": pl.Utf8, "vc": pl.Utf8, "final_status": pl.Utf8, "model": pl.Utf8,

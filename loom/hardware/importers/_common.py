@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Iterable
-from functools import lru_cache
-from importlib.resources import files
 from pathlib import Path
 from urllib.parse import unquote
 
-import yaml
 
 from loom.errors import LoomInputError
+from loom.hardware.gpus import gpu_aliases, resolve_gpu_type  # noqa: F401  (re-exported for importers)
 from loom.hardware.topology import NodeDef, Tier
 
 
@@ -49,33 +46,6 @@ def positive_int(text: str, *, source: str, field: str, line: int | None = None,
         kind = "non-negative" if allow_zero else "positive"
         raise LoomInputError(f"expected a {kind} integer, got '{text}'", source=source, line=line, field=field)
     return int(value)
-
-
-@lru_cache(maxsize=1)
-def gpu_aliases() -> dict[str, str]:
-    resource = files("loom.hardware") / "data" / "gpu_aliases.yaml"
-    data = yaml.safe_load(resource.read_text(encoding="utf-8")) or {}
-    return {str(k): str(v) for k, v in data.items()}
-
-
-def resolve_gpu_type(name: str, *, source: str | None, line: int | None = None, field: str = "gpu_type") -> str:
-    """A spec name from gpus.yaml, or an alias from gpu_aliases.yaml; else a located error."""
-    from loom.hardware.gpus import load_gpu_specs
-
-    known = load_gpu_specs()
-    name = name.strip()
-    if name in known:
-        return name
-    aliases = gpu_aliases()
-    if name in aliases:
-        return aliases[name]
-    by_lower = {k.lower(): v for k, v in {**{k: k for k in known}, **aliases}.items()}
-    if name.lower() in by_lower:
-        return by_lower[name.lower()]
-    close = difflib.get_close_matches(name, [*known, *aliases], n=2)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
-    raise LoomInputError(f"unknown GPU type '{name}' (known: {', '.join(sorted(known))}){hint}",
-                         source=source, line=line, field=field)
 
 
 def read_text(path: str | Path, what: str) -> str:
