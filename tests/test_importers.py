@@ -327,3 +327,15 @@ def test_named_cluster_shapes():
 def test_yaml_spec_loads_with_plain_yaml_too(tmp_path):
     # the documented example is valid YAML for other tools as well
     assert yaml.safe_load(YAML_OK)["name"] == "lab"
+
+
+def test_philly_revised_machine_list(tmp_path):
+    from loom.hardware.clusters import load_cluster
+
+    path = tmp_path / "revised.csv"
+    path.write_text(",machineId,number of GPUs\n0,m0,8\n1,m1,4\n2,m2,0\n")
+    topo = load_cluster(f"philly-revised:{path}?gpu_type=P100")
+    assert topo.num_nodes == 2 and topo.gpus_by_type() == {"P100": (2, 12)}
+    path.write_text(",machineId,number of GPUs\n0,m0,8\n1,m0,4\n")
+    with pytest.raises(LoomInputError, match=r"line 3, field 'machineId': machine 'm0' appears twice"):
+        load_cluster(f"philly-revised:{path}")

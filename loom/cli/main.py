@@ -121,13 +121,13 @@ def clusters_show(name: str = typer.Argument(..., help="A cluster name or FORMAT
 
 @app.command()
 def plugins() -> None:
-    """Registered policies, placers, speed models, trace formats and clusters."""
+    """Registered policies, placers, speed models, trace formats, clusters and cluster formats."""
     from loom.core.protocols import PLACERS, POLICIES, SPEED_MODELS
-    from loom.hardware.clusters import CLUSTERS
+    from loom.hardware.clusters import CLUSTERS, IMPORTERS
     from loom.workload.loaders import LOADERS
 
     table = Table("kind", "names", "entry-point group")
-    for reg in (POLICIES, PLACERS, SPEED_MODELS, LOADERS, CLUSTERS):
+    for reg in (POLICIES, PLACERS, SPEED_MODELS, LOADERS, CLUSTERS, IMPORTERS):
         table.add_row(reg.kind, ", ".join(reg.names()), reg.group)
     console.print(table)
 
