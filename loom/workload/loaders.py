@@ -1,7 +1,8 @@
 """Trace loader registry: `--trace NAME` or `--trace FORMAT:PATH`.
 
 Formats (each a module of `loom.workload`, documented in docs/TRACES.md):
-`rfold`, `sia-philly`, `alibaba-pods`, `arena`, `acme`, `csv`. Loaded traces
+`rfold`, `sia-philly`, `alibaba-pods`, `arena`, `acme`, `csv`, `elasticflow`,
+`sia-workload`, `tethys`, `alibaba-multigpu`. Loaded traces
 are cached as Parquet (see `loom.workload.cache`); pass `cache=False` or set
 `LOOM_CACHE=off` to read the source every time.
 """
@@ -20,7 +21,8 @@ TraceLoader = Callable[[Path], list[JobSpec]]
 # format name → loader(path); named traces → (format, path relative to shared traces)
 LOADERS: Registry[TraceLoader] = Registry("trace format", "loom.trace_loaders", (
     "loom.workload.philly", "loom.workload.sia_philly", "loom.workload.alibaba", "loom.workload.arena",
-    "loom.workload.acme", "loom.workload.generic_csv",
+    "loom.workload.acme", "loom.workload.generic_csv", "loom.workload.elasticflow", "loom.workload.sia_workload",
+    "loom.workload.tethys", "loom.workload.alibaba_bag",
 ))
 NAMED_TRACES: dict[str, tuple[str, str]] = {
     "philly": ("rfold", "philly/rfold_philly_trace.csv"),
@@ -31,7 +33,15 @@ NAMED_TRACES: dict[str, tuple[str, str]] = {
     "arena-philly": ("arena", "crius_arena/simulate_trace_philly.csv"),
     "arena-pai": ("arena", "crius_arena/simulate_trace_pai.csv"),
     "arena-venus": ("arena", "crius_arena/simulate_trace_venus.csv"),
+    "philly-elasticflow": ("elasticflow", "philly/elasticflow_philly_103959.csv"),
+    "acme-kalos-large": ("tethys", "acme/converted_kalos_trace.csv"),
+    "alibaba-v2023-multigpu": ("alibaba-multigpu", "alibaba/gpu-v2023/openb_pod_list_multigpu50.csv"),
 }
+# Sia / Pollux workloads: sia-philly-w1 … w8 and sia-saturn-w1 … w10 (160 jobs each, no durations)
+NAMED_TRACES.update({f"sia-philly-w{i}": ("sia-workload", f"philly/sia_workloads_philly/workload-{i}.csv")
+                     for i in range(1, 9)})
+NAMED_TRACES.update({f"sia-saturn-w{i}": ("sia-workload", f"helios/sia_workloads_saturn/workload-{i}.csv")
+                     for i in range(1, 11)})
 
 
 def resolve_trace(spec: str) -> tuple[str, Path]:

@@ -1,0 +1,64 @@
+"""Alibaba v2023 pod lists without times (`openb_pod_list_multigpu50.csv`): format `alibaba-multigpu`.
+
+Columns: `name, cpu_milli, memory_mib, num_gpu, gpu_milli` (the FGD
+re-sampling that emphasises multi-GPU pods; no `qos`, `pod_phase` or times).
+
+This is a **placement / packing workload, not a replayable trace**: every pod
+is submitted at 0 with `duration` None (a speed model or a packing experiment
+must supply run times). Mapping, as `alibaba-pods` where the columns overlap:
+
+* `job_id` = `name` (unique); `gpus` = `num_gpu`; pods with `num_gpu = 0` are
+  **skipped**, counted as `cpu-only`.
+* `num_gpu = 1` with `gpu_milli < 1000` → `gpu_fraction = gpu_milli / 1000`
+  (gpus stays 1); `gpu_milli > 1000` on a 1-GPU pod is an error.
+* `cpu_milli`, `memory_mib` copied.
+
+(`alibaba-pods` needs `creation_time` / `deletion_time`, so it cannot read
+this file; this module is a separate thin loader rather than a change to it.)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from loom.workload.common import Col, TraceJobs, build_specs, check_rows, parse_columns, read_csv, unique_ids
+from loom.workload.loaders import LOADERS
+
+_COLS = [
+    Col("name"),
+    Col("cpu_milli", "int", required=False, min=0, min_message="negative CPU"),
+    Col("memory_mib", "int", required=False, min=0, min_message="negative memory"),
+    Col("num_gpu", "int", min=0, min_message="negative GPU count"),
+    Col("gpu_milli", "int", required=False, min=0, min_message="negative gpu_milli"),
+]
+
+
+@LOADERS.register("alibaba-multigpu")
+def load_alibaba_multigpu(path: Path) -> TraceJobs:
+    raw = read_csv(path, _COLS)
+    frame = parse_columns(raw, path, _COLS)
+    unique_ids(frame["name"], raw, path, "name")
+    if "gpu_milli" in frame.columns:
+        check_rows((frame["num_gpu"] == 1) & (frame["gpu_milli"] > 1000), raw, path, "gpu_milli",
+                   "gpu_milli above 1000 for a 1-GPU pod")
+    cpu_only = frame["num_gpu"] == 0
+    kept = frame.filter(~cpu_only)
+    n = kept.height
+    fractions = None
+    if "gpu_milli" in kept.columns:
+        fractions = [m / 1000 if (g == 1 and m is not None and m < 1000) else None
+                     for g, m in zip(kept["num_gpu"].to_list(), kept["gpu_milli"].to_list())]
+
+    def opt(col: str) -> list | None:
+        return kept[col].to_list() if col in kept.columns else None
+
+    skipped = int(cpu_only.sum())
+    return TraceJobs(build_specs(n, {
+        "job_id": kept["name"].to_list(),
+        "submit_time": 0.0,
+        "gpus": kept["num_gpu"].to_list(),
+        "duration": None,
+        "gpu_fraction": fractions,
+        "cpu_milli": opt("cpu_milli"),
+        "memory_mib": opt("memory_mib"),
+    }), skipped={"cpu-only": skipped} if skipped else {})
