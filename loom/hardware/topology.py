@@ -17,6 +17,9 @@ import numpy as np
 from loom.errors import LoomInputError
 
 
+MAX_GPUS_PER_NODE = 1024  # beyond any real server: a larger count is a typo
+
+
 @dataclass(frozen=True, slots=True)
 class Tier:
     """One switch level. Bandwidth/latency price traffic that must cross it."""
@@ -99,8 +102,9 @@ class Topology:
                     source=source,
                     field="nodes",
                 )
-            if node.gpus < 0:
-                raise LoomInputError(f"node '{node.name}' has a negative GPU count", source=source, field="gpus")
+            if not 0 <= node.gpus <= MAX_GPUS_PER_NODE:
+                raise LoomInputError(f"node '{node.name}' has {node.gpus} GPUs; expected 0–{MAX_GPUS_PER_NODE}",
+                                     source=source, field="gpus")
             index[node.name] = i
             node_gpus[i] = node.gpus
             node_type[i] = type_ids.setdefault(node.gpu_type, len(type_ids))

@@ -84,9 +84,9 @@ def load_alibaba_pods(path: Path) -> TraceJobs:
     gpu_types: list[tuple[str, ...] | None] = [None] * n
     gpu_type: list[str | None] = [None] * n
     if "gpu_spec" in kept.columns:
-        for i, spec in enumerate(kept["gpu_spec"].to_list()):
+        for i, (spec, row) in enumerate(zip(kept["gpu_spec"].to_list(), kept["_row"].to_list())):
             if spec:
-                types = tuple(resolve_gpu_type(t, source=str(path), field="gpu_spec")
+                types = tuple(resolve_gpu_type(t, source=str(path), line=row + 2, field="gpu_spec")
                               for t in spec.split("|") if t.strip())
                 gpu_types[i] = types or None
                 gpu_type[i] = types[0] if len(types) == 1 else None

@@ -58,6 +58,9 @@ class Col:
     type_message: str | None = None  # instead of "not a number" etc.
 
 
+INT_LIMIT = 1e15  # whole-number columns (GPUs, ids, iterations, ...) beyond this are typos, not data
+
+
 def read_csv(path: Path, columns: Sequence[Col], *, allow_unknown: bool = True) -> pl.DataFrame:
     """The file as strings; checks the header for missing (and optionally unknown) columns."""
     try:
@@ -68,6 +71,11 @@ def read_csv(path: Path, columns: Sequence[Col], *, allow_unknown: bool = True) 
         raise LoomInputError("empty file (no header line)", source=str(path), line=1) from None
     except pl.exceptions.ComputeError as exc:
         raise _ragged(path, exc) from None
+    duplicated = [c for c in frame.columns if "_duplicated_" in c]
+    if duplicated:
+        name = duplicated[0].split("_duplicated_")[0].strip()
+        raise LoomInputError(f"column '{name}' appears more than once in the header", source=str(path), line=1,
+                             field=name)
     frame = frame.rename({c: c.strip() for c in frame.columns})
     # trailing blank lines read as all-null rows: drop them (blank lines mid-file stay, and fail as missing values)
     if frame.height and frame.width:
@@ -142,7 +150,9 @@ def parse_columns(raw: pl.DataFrame, path: Path, columns: Sequence[Col]) -> pl.D
         if c.kind == "float":
             checks.append((c.name, col.is_nan() | col.is_infinite(), "not a finite number"))
         if c.kind == "int":
-            checks.append((c.name, col.is_not_null() & ((col != col.floor()) | col.is_infinite()), "not an integer"))
+            not_int = col.is_nan() | col.is_infinite() | (col != col.floor())
+            checks.append((c.name, col.is_not_null() & not_int, "not an integer"))
+            checks.append((c.name, col.abs() > INT_LIMIT, f"out of range (|value| > {INT_LIMIT:.0e})"))
         if c.min is not None:
             bad = (col <= c.min) if c.strict_min else (col < c.min)
             checks.append((c.name, bad, c.min_message or f"must be {'>' if c.strict_min else '≥'} {c.min:g}"))

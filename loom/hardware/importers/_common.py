@@ -10,7 +10,7 @@ from urllib.parse import unquote
 
 from loom.errors import LoomInputError
 from loom.hardware.gpus import gpu_aliases, resolve_gpu_type  # noqa: F401  (re-exported for importers)
-from loom.hardware.topology import NodeDef, Tier
+from loom.hardware.topology import MAX_GPUS_PER_NODE, NodeDef, Tier
 
 
 def split_query(spec: str, allowed: Iterable[str]) -> tuple[str, dict[str, str]]:
@@ -40,11 +40,14 @@ def split_query(spec: str, allowed: Iterable[str]) -> tuple[str, dict[str, str]]
     return path, params
 
 
-def positive_int(text: str, *, source: str, field: str, line: int | None = None, allow_zero: bool = False) -> int:
+def positive_int(text: str, *, source: str, field: str, line: int | None = None, allow_zero: bool = False,
+                 maximum: int = MAX_GPUS_PER_NODE) -> int:
+    """A GPU count (by default): digits only, from 1 (or 0) to `maximum`."""
     value = text.strip()
-    if not re.fullmatch(r"\d+", value) or (int(value) == 0 and not allow_zero):
+    if not re.fullmatch(r"\d+", value) or (int(value) == 0 and not allow_zero) or int(value) > maximum:
         kind = "non-negative" if allow_zero else "positive"
-        raise LoomInputError(f"expected a {kind} integer, got '{text}'", source=source, line=line, field=field)
+        raise LoomInputError(f"expected a {kind} integer up to {maximum:,}, got '{text}'", source=source, line=line,
+                             field=field)
     return int(value)
 
 

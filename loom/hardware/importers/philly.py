@@ -18,7 +18,7 @@ from pathlib import Path
 from loom.errors import LoomInputError
 from loom.hardware.clusters import IMPORTERS
 from loom.hardware.importers._common import INVENTORY_TIERS, group_inventory, read_text, resolve_gpu_type, split_query
-from loom.hardware.topology import Topology
+from loom.hardware.topology import MAX_GPUS_PER_NODE, Topology
 
 PHILLY_GPU_BY_MEMORY = {"12GB": "P100", "24GB": "P40"}
 
@@ -38,7 +38,7 @@ def _machine_rows(path: Path, columns: int, skip_index: bool, allow_zero: bool =
         if not name.startswith("m") or not name[1:].isdigit():
             raise LoomInputError(f"machine id '{name}' is not of the form m<number>", source=str(path),
                                  line=lineno, field="machineId")
-        if not gpus.isdigit() or int(gpus) < (0 if allow_zero else 1):
+        if not gpus.isdigit() or not (0 if allow_zero else 1) <= int(gpus) <= MAX_GPUS_PER_NODE:
             raise LoomInputError(f"GPU count '{gpus}' is not a positive integer", source=str(path), line=lineno,
                                  field="number of GPUs")
         yield lineno, name, int(gpus), rest

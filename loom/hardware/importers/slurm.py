@@ -18,6 +18,7 @@ ignored.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -28,6 +29,8 @@ from loom.hardware.topology import NodeDef, Topology
 
 PARAMS = ("gpu_type", "gpus_per_node", "nodes", "name")
 KEYS = {"switchname": "SwitchName", "nodes": "Nodes", "switches": "Switches", "linkspeed": "LinkSpeed"}
+
+MAX_HOSTS = 1_000_000  # one hostlist may name at most this many hosts
 
 
 def expand_hostlist(expr: str) -> list[str]:
@@ -49,6 +52,9 @@ def expand_hostlist(expr: str) -> list[str]:
         for piece in (p[0] for p in parts[::2]):
             if "[" in piece or "]" in piece:
                 raise ValueError(f"unbalanced brackets in '{item}'")
+        total = math.prod(len(p) for p in parts)
+        if len(out) + total > MAX_HOSTS:
+            raise ValueError(f"'{item}' expands to more than {MAX_HOSTS:,} hosts")
         out.extend("".join(combo) for combo in itertools.product(*parts))
     return out
 
@@ -86,7 +92,7 @@ def _expand_ranges(body: str) -> list[str]:
         lo, hi = int(lo_s), int(hi_s)
         if hi < lo:
             raise ValueError(f"range '{part}' runs backwards")
-        if hi - lo > 1_000_000:
+        if hi - lo >= MAX_HOSTS:
             raise ValueError(f"range '{part}' is too large")
         width = len(lo_s)
         out.extend(f"{k:0{width}d}" for k in range(lo, hi + 1))

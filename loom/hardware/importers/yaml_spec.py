@@ -54,10 +54,10 @@ class _Doc:
             raise self.fail(f"expected a non-empty string, got {v!r}", node, field)
         return v.strip()
 
-    def integer(self, node: yaml.Node, field: str, minimum: int) -> int:
+    def integer(self, node: yaml.Node, field: str, minimum: int, maximum: int = 1_000_000) -> int:
         v = self.value(node)
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise self.fail(f"expected an integer ≥ {minimum}, got {v!r}", node, field)
+        if isinstance(v, bool) or not isinstance(v, int) or not minimum <= v <= maximum:
+            raise self.fail(f"expected an integer from {minimum} to {maximum:,}, got {v!r}", node, field)
         return v
 
     def number(self, node: yaml.Node, field: str, allow_zero: bool) -> float:
@@ -157,7 +157,7 @@ def _build(doc: _Doc, root: yaml.Node) -> Topology:
             prefix = doc.string(entry["prefix"][1], f"{field}.prefix") if "prefix" in entry else "node"
             start = doc.integer(entry["start"][1], f"{field}.start", 0) if "start" in entry \
                 else counters.get(prefix, 1)
-            width = doc.integer(entry["width"][1], f"{field}.width", 1) if "width" in entry else 3
+            width = doc.integer(entry["width"][1], f"{field}.width", 1, 12) if "width" in entry else 3
             names = [f"{prefix}{k:0{width}d}" for k in range(start, start + count)]
             counters[prefix] = start + count
             name_node = item
