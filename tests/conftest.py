@@ -2,6 +2,15 @@ from __future__ import annotations
 
 import pytest
 
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_trace_cache(tmp_path_factory):
+    """Tests never write the user's ~/.cache/loom."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("LOOM_CACHE", str(tmp_path_factory.mktemp("loom-cache")))
+    yield
+    mp.undo()
+
 from loom.hardware.clos import clos
 from loom.hardware.topology import NodeDef, Tier, Topology
 from loom.workload.job import JobSpec
