@@ -40,12 +40,16 @@ from loom.workload.common import Col, TraceJobs, build_specs, check_rows, parse_
 from loom.workload.job import FinalStatus
 from loom.workload.loaders import LOADERS
 
-_COLS = [
+# The pod's resources: shared with the time-less multi-GPU bag (alibaba_bag.py).
+POD_RESOURCE_COLS = [
     Col("name"),
     Col("cpu_milli", "int", required=False, min=0, min_message="negative CPU"),
     Col("memory_mib", "int", required=False, min=0, min_message="negative memory"),
     Col("num_gpu", "int", min=0, min_message="negative GPU count"),
     Col("gpu_milli", "int", required=False, min=0, min_message="negative gpu_milli"),
+]
+_COLS = [
+    *POD_RESOURCE_COLS,
     Col("gpu_spec", required=False),
     Col("qos", required=False),
     Col("pod_phase", required=False),
@@ -66,9 +70,7 @@ def load_alibaba_pods(path: Path) -> TraceJobs:
     frame = frame.with_row_index("_row")
     duration = frame["deletion_time"] - frame["scheduled_time"]
     check_rows(duration < 0, raw, path, "deletion_time", "deleted before it was scheduled (negative duration)")
-    if "gpu_milli" in frame.columns:
-        check_rows((frame["num_gpu"] == 1) & (frame["gpu_milli"] > 1000), raw, path, "gpu_milli",
-                   "gpu_milli above 1000 for a 1-GPU pod")
+    check_gpu_milli(frame, raw, path)
     frame = frame.with_columns(duration.alias("_duration"))
     cpu_only = frame["num_gpu"] == 0
     unscheduled = frame["scheduled_time"].is_null() & ~cpu_only
@@ -76,11 +78,7 @@ def load_alibaba_pods(path: Path) -> TraceJobs:
     kept = frame.filter(~cpu_only & ~unscheduled)
     n = kept.height
 
-    fractions = None
-    if "gpu_milli" in kept.columns:
-        milli = kept["gpu_milli"].to_list()
-        ngpu = kept["num_gpu"].to_list()
-        fractions = [m / 1000 if (g == 1 and m is not None and m < 1000) else None for g, m in zip(ngpu, milli)]
+    fractions = gpu_fractions(kept)
     gpu_types: list[tuple[str, ...] | None] = [None] * n
     gpu_type: list[str | None] = [None] * n
     if "gpu_spec" in kept.columns:
@@ -110,3 +108,17 @@ def load_alibaba_pods(path: Path) -> TraceJobs:
         "final_status": ([_PHASES.get((p or "").lower(), FinalStatus.UNKNOWN) for p in phase]
                          if phase is not None else FinalStatus.UNKNOWN),
     }), skipped={k: v for k, v in skipped.items() if v})
+
+
+def check_gpu_milli(frame: pl.DataFrame, raw: pl.DataFrame, path: Path) -> None:
+    if "gpu_milli" in frame.columns:
+        check_rows((frame["num_gpu"] == 1) & (frame["gpu_milli"] > 1000), raw, path, "gpu_milli",
+                   "gpu_milli above 1000 for a 1-GPU pod")
+
+
+def gpu_fractions(kept: pl.DataFrame) -> list[float | None] | None:
+    """A 1-GPU pod asking for less than a whole GPU records the share (it still gets one GPU)."""
+    if "gpu_milli" not in kept.columns:
+        return None
+    return [m / 1000 if (g == 1 and m is not None and m < 1000) else None
+            for g, m in zip(kept["num_gpu"].to_list(), kept["gpu_milli"].to_list())]

@@ -21,16 +21,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loom.workload.common import Col, TraceJobs, build_specs, check_rows, parse_columns, read_csv, unique_ids
+from loom.workload.alibaba import POD_RESOURCE_COLS, check_gpu_milli, gpu_fractions
+from loom.workload.common import TraceJobs, build_specs, parse_columns, read_csv, unique_ids
 from loom.workload.loaders import LOADERS
 
-_COLS = [
-    Col("name"),
-    Col("cpu_milli", "int", required=False, min=0, min_message="negative CPU"),
-    Col("memory_mib", "int", required=False, min=0, min_message="negative memory"),
-    Col("num_gpu", "int", min=0, min_message="negative GPU count"),
-    Col("gpu_milli", "int", required=False, min=0, min_message="negative gpu_milli"),
-]
+_COLS = POD_RESOURCE_COLS
 
 
 @LOADERS.register("alibaba-multigpu")
@@ -38,16 +33,11 @@ def load_alibaba_multigpu(path: Path) -> TraceJobs:
     raw = read_csv(path, _COLS)
     frame = parse_columns(raw, path, _COLS)
     unique_ids(frame["name"], raw, path, "name")
-    if "gpu_milli" in frame.columns:
-        check_rows((frame["num_gpu"] == 1) & (frame["gpu_milli"] > 1000), raw, path, "gpu_milli",
-                   "gpu_milli above 1000 for a 1-GPU pod")
+    check_gpu_milli(frame, raw, path)
     cpu_only = frame["num_gpu"] == 0
     kept = frame.filter(~cpu_only)
     n = kept.height
-    fractions = None
-    if "gpu_milli" in kept.columns:
-        fractions = [m / 1000 if (g == 1 and m is not None and m < 1000) else None
-                     for g, m in zip(kept["num_gpu"].to_list(), kept["gpu_milli"].to_list())]
+    fractions = gpu_fractions(kept)
 
     def opt(col: str) -> list | None:
         return kept[col].to_list() if col in kept.columns else None
