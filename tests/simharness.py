@@ -13,8 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
-import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from loom.core.context import SchedulingContext
@@ -23,7 +22,6 @@ from loom.core.jobs import Job, JobState
 from loom.core.protocols import PLACERS, POLICIES
 from loom.hardware.clos import DEFAULT_TIERS, clos
 from loom.hardware.topology import NodeDef, Topology
-from loom.report.metrics import summary
 from loom.sim.engine import Simulation, SimulationResult
 from loom.sim.events import NodeFailure
 from loom.workload.job import JobSpec

@@ -2,7 +2,7 @@ import pytest
 
 from loom.errors import LoomInputError
 from loom.workload.job import FinalStatus, JobClass
-from loom.workload.loaders import NAMED_TRACES, load_trace
+from loom.workload.loaders import load_trace
 
 SIA = "timestamp,duration,num_gpus,gpu_time,cluster\n"
 ALI = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,scheduled_time\n"

@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import random
 from collections import defaultdict
-from dataclasses import dataclass, field
 
-import numpy as np
-import pytest
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
+from hypothesis import example, given
 
-from loom.core.context import SchedulingContext
-from loom.core.decisions import Decision, Migrate, Preempt, Resize, Resume, Start, Timer
-from loom.core.jobs import Job, JobState
-from loom.core.protocols import PLACERS, POLICIES
 from loom.hardware.clos import DEFAULT_TIERS, clos
 from loom.hardware.topology import NodeDef, Topology
 from loom.report.metrics import summary
-from loom.sim.engine import Simulation, SimulationResult
 from loom.sim.events import NodeFailure
 from loom.workload.job import JobSpec
-from simharness import *  # noqa: F403  (strategies, Scenario, wrappers, simulate)
-from simharness import _time_tol  # noqa: F401
+from simharness import (
+    INF, PROPERTY_SETTINGS, EasyShadowAudit, Scenario, alloc_decisions, check_finish_or_rejected, scenarios, simulate,
+)
 
 # ============================================================ regression properties
 # These four caught real bugs while this file was written; all were fixed in

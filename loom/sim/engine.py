@@ -27,6 +27,7 @@ from loom.workload.job import JobSpec
 
 ProgressCallback = Callable[[float], None]
 FREES_CAPACITY = (Preempt, Release, Resize)
+MAX_FOLLOWUPS = 64  # follow-up rounds at one instant
 PROGRESS_EVERY = 16384
 
 
@@ -94,7 +95,7 @@ class Simulation:
         cursor, n = 0, len(jobs)
         handled = rounds = 0
         round_pending = False
-        followup_at = -inf
+        followup_at, followups = -inf, 0
         next_progress = PROGRESS_EVERY
         now = jobs[0].spec.submit_time if jobs else 0.0
         start_time = now
@@ -127,10 +128,13 @@ class Simulation:
                 decisions = self.policy.schedule(ctx)
                 if decisions:
                     backend.apply(decisions, now)
-                    if followup_at != now and any(type(d) in FREES_CAPACITY for d in decisions):
-                        # capacity freed in this round: give the policy one more look now
+                    if followup_at != now:
+                        followup_at, followups = now, 0
+                    if followups < MAX_FOLLOWUPS and any(type(d) in FREES_CAPACITY for d in decisions):
+                        # capacity freed in this round: give the policy another look now
+                        # (bounded, so a policy that keeps preempting cannot stall time)
                         events.push(now, EventKind.ROUND, "follow-up")
-                        followup_at = now
+                        followups += 1
                 rounds += 1
                 if self.round_interval and ctx.pending and not round_pending:
                     events.push(now + self.round_interval, EventKind.ROUND, "periodic")

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import polars as pl
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from loom.workload.common import SPEC_FIELDS, TraceJobs, build_specs

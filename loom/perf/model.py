@@ -1,0 +1,233 @@
+"""Model specification and parameter counts for the performance estimator.
+
+`ModelSpec` describes one model in the notation of Narayanan et al. (2021):
+l layers, hidden size h, a attention heads, FFN size f (4h unless given),
+sequence length s and vocabulary V, optionally Mixture-of-Experts.
+
+Parameter-count conventions (every term, so totals can be audited):
+
+- embedding: ``V·h``; plus ``s·h`` when ``position == "learned"`` (GPT, BERT);
+  nothing for ``"rope"``/``"none"`` (rotary embeddings have no weights). The
+  output (logit) layer shares the input embedding when ``tied_embeddings``
+  (GPT-3, Megatron), else adds another ``V·h`` (Llama-2).
+- attention per layer: Q and O are ``h×h``; K and V are ``h×(kv_heads·h/heads)``
+  (grouped-query attention when ``kv_heads < heads``); biases on all four when
+  ``bias``. Multi-head GPT: ``4h² + 4h``.
+- MLP per layer: ``mlp="gelu"``: two matrices ``2·h·f`` (+ ``f + h`` biases);
+  ``mlp="swiglu"``: three matrices ``3·h·f`` (+ ``2f + h`` biases).
+- norms: two per layer plus a final one; LayerNorm has weight and bias (``2h``
+  each, ``4h`` per layer), RMSNorm only a weight (``h`` each).
+- MoE: every ``moe_every``-th layer (layers moe_every, 2·moe_every, ...) holds
+  ``experts`` copies of the MLP plus a router ``h·experts`` (no bias); the
+  *activated* count keeps ``top_k`` experts per MoE layer.
+- ``kind="cnn"`` models carry a declared ``params`` count (no formula applies);
+  see `loom.perf.flops` for their FLOP approximation.
+
+With these rules GPT-3 175B counts 174.6e9 parameters, Llama-2 7B/13B/70B
+6.74e9 / 13.02e9 / 68.98e9.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loom.errors import LoomInputError
+
+KINDS = ("transformer", "cnn")
+MLPS = ("gelu", "swiglu")
+NORMS = ("layernorm", "rmsnorm")
+POSITIONS = ("learned", "rope", "none")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """One model's shape. Validated on construction (`LoomInputError` naming the field)."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    vocab: int
+    ffn_hidden: int | None = None  # None -> 4·hidden
+    experts: int = 1  # 1 = dense
+    top_k: int = 1
+    moe_every: int = 1  # every n-th layer is MoE (when experts > 1)
+    kind: str = "transformer"
+    mlp: str = "gelu"
+    kv_heads: int | None = None  # None -> heads (no GQA)
+    bias: bool = True
+    norm: str = "layernorm"
+    position: str = "learned"
+    tied_embeddings: bool = True
+    params: int | None = (
+        None  # declared total; required for kind="cnn", else must be None
+    )
+    source: str = ""  # provenance / assumptions, free text
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise LoomInputError(
+                f"model name must be a non-empty string, got {self.name!r}",
+                field="name",
+            )
+        for field in (
+            "layers",
+            "hidden",
+            "heads",
+            "seq_len",
+            "vocab",
+            "experts",
+            "top_k",
+            "moe_every",
+        ):
+            _positive_int(field, getattr(self, field))
+        for field in ("ffn_hidden", "kv_heads", "params"):
+            if getattr(self, field) is not None:
+                _positive_int(field, getattr(self, field))
+        if self.ffn_hidden is None:
+            object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
+        if self.kv_heads is None:
+            object.__setattr__(self, "kv_heads", self.heads)
+        for field, allowed in (
+            ("kind", KINDS),
+            ("mlp", MLPS),
+            ("norm", NORMS),
+            ("position", POSITIONS),
+        ):
+            value = getattr(self, field)
+            if value not in allowed:
+                raise LoomInputError(
+                    f"must be one of {', '.join(allowed)}, got {value!r}", field=field
+                )
+        for field in ("bias", "tied_embeddings"):
+            if not isinstance(getattr(self, field), bool):
+                raise LoomInputError(
+                    f"must be true or false, got {getattr(self, field)!r}", field=field
+                )
+        if self.hidden % self.heads:
+            raise LoomInputError(
+                f"hidden ({self.hidden}) must be divisible by heads ({self.heads})",
+                field="hidden",
+            )
+        if self.heads % self.kv_heads:
+            raise LoomInputError(
+                f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})",
+                field="kv_heads",
+            )
+        if self.top_k > self.experts:
+            raise LoomInputError(
+                f"top_k ({self.top_k}) exceeds experts ({self.experts})", field="top_k"
+            )
+        if self.experts > 1 and self.moe_every > self.layers:
+            raise LoomInputError(
+                f"moe_every ({self.moe_every}) exceeds layers ({self.layers}): no MoE layer",
+                field="moe_every",
+            )
+        if self.kind == "cnn" and self.params is None:
+            raise LoomInputError(
+                "a cnn model needs a declared parameter count", field="params"
+            )
+        if self.kind != "cnn" and self.params is not None:
+            raise LoomInputError(
+                "only cnn models declare params; transformers are counted",
+                field="params",
+            )
+        if not isinstance(self.source, str):
+            raise LoomInputError("must be a string", field="source")
+
+    # -- shape helpers -------------------------------------------------------
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 1
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @property
+    def moe_layers(self) -> int:
+        """Number of MoE layers (every `moe_every`-th one); 0 for a dense model."""
+        return self.layers // self.moe_every if self.is_moe else 0
+
+    @property
+    def dense_layers(self) -> int:
+        return self.layers - self.moe_layers
+
+    # -- parameter counts ----------------------------------------------------
+    def attention_params(self) -> int:
+        h, kv = self.hidden, self.kv_heads * self.head_dim
+        weights = 2 * h * h + 2 * h * kv
+        return weights + ((2 * h + 2 * kv) if self.bias else 0)
+
+    def attention_weights(self) -> int:
+        """Attention matmul weights of one layer (no biases): what FLOPs count."""
+        h, kv = self.hidden, self.kv_heads * self.head_dim
+        return 2 * h * h + 2 * h * kv
+
+    def mlp_weights(self) -> int:
+        """Matmul weights of one (dense or expert) MLP."""
+        return (3 if self.mlp == "swiglu" else 2) * self.hidden * self.ffn_hidden
+
+    def mlp_params(self) -> int:
+        f, h = self.ffn_hidden, self.hidden
+        biases = ((2 * f if self.mlp == "swiglu" else f) + h) if self.bias else 0
+        return self.mlp_weights() + biases
+
+    def norm_params(self) -> int:
+        """One norm module (weight, plus bias for LayerNorm)."""
+        return (2 if self.norm == "layernorm" else 1) * self.hidden
+
+    def router_params(self) -> int:
+        return self.hidden * self.experts if self.is_moe else 0
+
+    def embedding_params(self) -> int:
+        """Input embedding, learned positions and (untied) output layer."""
+        h = self.hidden
+        total = self.vocab * h
+        if self.position == "learned":
+            total += self.seq_len * h
+        if not self.tied_embeddings:
+            total += self.vocab * h
+        return total
+
+    def layer_params(self, moe: bool = False, activated: bool = False) -> int:
+        """Parameters of one transformer layer (`moe`: an MoE layer)."""
+        base = self.attention_params() + 2 * self.norm_params()
+        if not moe:
+            return base + self.mlp_params()
+        copies = self.top_k if activated else self.experts
+        return base + copies * self.mlp_params() + self.router_params()
+
+    def total_params(self) -> int:
+        """Ψ: every parameter stored (all experts)."""
+        if self.params is not None:
+            return self.params
+        return self._count(activated=False)
+
+    def activated_params(self) -> int:
+        """Parameters touched per token (MoE: `top_k` experts); = total for dense."""
+        if self.params is not None:
+            return self.params
+        return self._count(activated=True)
+
+    def _count(self, activated: bool) -> int:
+        return (
+            self.embedding_params()
+            + self.norm_params()  # final norm
+            + self.dense_layers * self.layer_params()
+            + self.moe_layers * self.layer_params(moe=True, activated=activated)
+        )
+
+    def matmul_weights_per_token(self) -> int:
+        """Transformer-layer matmul weights a token passes through (activated experts,
+        router included; embedding lookup and logit layer excluded)."""
+        mlp = self.mlp_weights()
+        dense = self.attention_weights() + mlp
+        moe = self.attention_weights() + self.top_k * mlp + self.router_params()
+        return self.dense_layers * dense + self.moe_layers * moe
+
+
+def _positive_int(field: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise LoomInputError(f"must be a positive integer, got {value!r}", field=field)
