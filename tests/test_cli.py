@@ -126,3 +126,12 @@ def test_plugins_lists_registries():
     assert res.exit_code == 0
     for name in ("fcfs", "easy", "sjf", "priority", "best-fit", "gpu-packing", "rfold", "loom.policies"):
         assert name in res.output
+
+
+def test_example_config_is_valid():
+    from pathlib import Path
+
+    from loom.config import load_config
+
+    cfg = load_config(Path(__file__).parents[1] / "examples" / "philly-easy.yaml")
+    assert cfg.policy.name == "easy" and cfg.failures[0].node == "m100"
