@@ -35,5 +35,16 @@ def hetero() -> Topology:
     return Topology.build("hetero", tiers, nodes)
 
 
+@pytest.fixture
+def no_trace_cache(monkeypatch):
+    monkeypatch.setenv("LOOM_CACHE", "off")
+
+
+def write_file(directory, text: str, name: str = "t.csv"):
+    path = directory / name
+    path.write_text(text)
+    return path
+
+
 def job(jid: str, t: float, gpus: int, duration: float, **kw) -> JobSpec:
     return JobSpec(job_id=jid, submit_time=t, gpus=gpus, duration=duration, **kw)

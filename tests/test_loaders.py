@@ -1,4 +1,5 @@
 import pytest
+from conftest import write_file as _write
 
 from loom.errors import LoomInputError
 from loom.workload.job import FinalStatus, JobClass
@@ -13,14 +14,8 @@ GEN = "job_id,submit_time,gpus,duration\n"
 
 
 @pytest.fixture(autouse=True)
-def _no_cache(monkeypatch):
-    monkeypatch.setenv("LOOM_CACHE", "off")
-
-
-def _write(tmp_path, text, name="t.csv"):
-    path = tmp_path / name
-    path.write_text(text)
-    return path
+def _no_cache(no_trace_cache):
+    """Loaders are tested on the source files, never on cached copies."""
 
 
 def test_sia_philly(tmp_path):

@@ -1,6 +1,7 @@
 """Loaders added for ElasticFlow, Sia workloads, Tethys (Acme-Kalos) and the Alibaba multi-GPU pod bag."""
 
 import pytest
+from conftest import write_file as _write
 
 from loom.errors import LoomInputError
 from loom.workload.job import JobClass
@@ -14,14 +15,8 @@ ALI = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n"
 
 
 @pytest.fixture(autouse=True)
-def _no_cache(monkeypatch):
-    monkeypatch.setenv("LOOM_CACHE", "off")
-
-
-def _write(tmp_path, text, name="t.csv"):
-    path = tmp_path / name
-    path.write_text(text)
-    return path
+def _no_cache(no_trace_cache):
+    """Loaders are tested on the source files, never on cached copies."""
 
 
 def test_elasticflow(tmp_path):
