@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from loom.workload.alibaba import POD_RESOURCE_COLS, check_gpu_milli, gpu_fractions
-from loom.workload.common import TraceJobs, build_specs, parse_columns, read_csv, unique_ids
+from loom.workload.common import TraceJobs, build_specs, read_rows
 from loom.workload.loaders import LOADERS
 
 _COLS = POD_RESOURCE_COLS
@@ -30,9 +30,7 @@ _COLS = POD_RESOURCE_COLS
 
 @LOADERS.register("alibaba-multigpu")
 def load_alibaba_multigpu(path: Path) -> TraceJobs:
-    raw = read_csv(path, _COLS)
-    frame = parse_columns(raw, path, _COLS)
-    unique_ids(frame["name"], raw, path, "name")
+    raw, frame = read_rows(path, _COLS, "name")
     check_gpu_milli(frame, raw, path)
     cpu_only = frame["num_gpu"] == 0
     kept = frame.filter(~cpu_only)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loom.workload.common import Col, TraceJobs, build_specs, check_rows, parse_columns, read_csv, unique_ids
+from loom.workload.common import Col, TraceJobs, build_specs, check_rows, read_rows
 from loom.workload.loaders import LOADERS
 
 GPU_NAMES = {"a100": "A100-40GB", "a40": "A40", "a10": "A10", "v100": "V100"}
@@ -37,9 +37,7 @@ _COLS = [
 
 @LOADERS.register("arena")
 def load_arena(path: Path) -> TraceJobs:
-    raw = read_csv(path, _COLS)
-    frame = parse_columns(raw, path, _COLS)
-    unique_ids(frame["job_id"], raw, path, "job_id")
+    raw, frame = read_rows(path, _COLS, "job_id")
     lowered = frame["gpu_type"].str.to_lowercase()
     check_rows(~lowered.is_in(list(GPU_NAMES)), raw, path, "gpu_type",
                f"unknown GPU type (known: {', '.join(GPU_NAMES)})")

@@ -237,3 +237,11 @@ def enum_values(series: pl.Series, mapping: dict[str, Any], default: Any) -> lis
 
 STATUS_NAMES: dict[str, FinalStatus] = {s.value: s for s in FinalStatus}
 CLASS_NAMES: dict[str, JobClass] = {c.value: c for c in JobClass}
+
+
+def read_rows(path: Path, columns: Sequence[Col], id_column: str) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Raw strings and typed columns of a trace file whose `id_column` must be unique."""
+    raw = read_csv(path, columns)
+    frame = parse_columns(raw, path, columns)
+    unique_ids(frame[id_column], raw, path, id_column)
+    return raw, frame

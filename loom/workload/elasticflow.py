@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loom.workload.common import Col, TraceJobs, build_specs, check_rows, parse_columns, read_csv, unique_ids
+from loom.workload.common import Col, TraceJobs, build_specs, check_rows, read_rows
 from loom.workload.loaders import LOADERS
 
 VC = "103959"
@@ -45,9 +45,7 @@ _COLS = [
 
 @LOADERS.register("elasticflow")
 def load_elasticflow(path: Path) -> TraceJobs:
-    raw = read_csv(path, _COLS)
-    frame = parse_columns(raw, path, _COLS)
-    unique_ids(frame["job_id"], raw, path, "job_id")
+    raw, frame = read_rows(path, _COLS, "job_id")
     if "ddl" in frame.columns:
         check_rows(frame["ddl"] < frame["submit_time"], raw, path, "ddl", "deadline before submission")
 

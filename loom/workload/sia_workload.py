@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loom.workload.common import Col, TraceJobs, build_specs, parse_columns, read_csv, unique_ids
+from loom.workload.common import Col, TraceJobs, build_specs, read_rows
 from loom.workload.loaders import LOADERS
 
 _COLS = [
@@ -34,9 +34,7 @@ _COLS = [
 
 @LOADERS.register("sia-workload")
 def load_sia_workload(path: Path) -> TraceJobs:
-    raw = read_csv(path, _COLS)
-    frame = parse_columns(raw, path, _COLS)
-    unique_ids(frame["name"], raw, path, "name")
+    raw, frame = read_rows(path, _COLS, "name")
     return TraceJobs(build_specs(frame.height, {
         "job_id": frame["name"].to_list(),
         "submit_time": frame["time"].to_list(),

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from loom.workload.common import Col, TraceJobs, build_specs, parse_columns, read_csv, unique_ids
+from loom.workload.common import Col, TraceJobs, build_specs, read_rows
 from loom.workload.loaders import LOADERS
 
 _COLS = [
@@ -45,9 +45,7 @@ _COLS = [
 
 @LOADERS.register("tethys")
 def load_tethys(path: Path) -> TraceJobs:
-    raw = read_csv(path, _COLS)
-    frame = parse_columns(raw, path, _COLS)
-    unique_ids(frame["job_id"], raw, path, "job_id")
+    raw, frame = read_rows(path, _COLS, "job_id")
     per_iter = frame["iteration_computing_time"] + frame["iteration_networking_time"]
     duration = frame["num_iteration"].cast(float) * per_iter
     return TraceJobs(build_specs(frame.height, {
