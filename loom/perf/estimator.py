@@ -1,0 +1,407 @@
+"""Iteration time of a training job for a plan on given GPUs and placement.
+
+One pipeline stage's micro-batch takes compute + exposed TP collectives + PP
+sends. Compute is GEMM FLOPs at a calibrated fraction of the tensor peak plus
+memory-bound traffic (norms, activations, softmax: proxied by the activation
+bytes each layer writes and reads) at a fraction of HBM bandwidth. The
+pipeline runs m micro-batches at the pace of its slowest stage and fills and
+drains once (1F1B; the interleaved schedule divides the fill by v). DP gradient
+sync (Arnold Appendix C volumes) follows, overlapped with the last backward
+pass when the framework does so, then the optimizer step.
+
+Stages are explicit (`StageSpec`), so unequal stages (Crius) and stages on
+different GPU types run through the same code: the job runs at the pace of its
+slowest stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from loom.core.plan import ParallelPlan
+from loom.perf.calibration import Calibration, load_calibration
+from loom.hardware.gpus import GpuSpec
+from loom.perf.comm import BusBandwidthComm, CommModel, GroupShape, Links
+from loom.perf.flops import CNN_SPATIAL_REUSE, flops_per_iteration
+from loom.perf.inputs import PACKED, Hardware, Placement, PlanError, TrainingJob, check_plan
+from loom.perf.model import ModelSpec
+from loom.perf.memory import GIB, CNN_ACTIVATION_BYTES_PER_PARAM_IMAGE, layer_activation_bytes, stage_memory_bytes
+
+OPTIMIZER_BYTES_PER_PARAM = 28.0  # Adam step: read fp32 master/m/v + grad, write them + bf16 weights
+# Eager (unfused) transformer layers move ~2.5x the bytes of fused ones: counting
+# HF Llama's ops per token (fp32 RMSNorm upcasts, rotary slicing/cat, SiLU·up,
+# residual adds) gives ~171·h bytes forward vs ~68·h for Megatron's fused kernels.
+UNFUSED_TRAFFIC_FACTOR = 2.5
+# Host side of optimizer offload, per GPU: DDR bandwidth share (~400 GB/s per
+# 2-socket node / 8 GPUs at ~50%) and the PCIe Gen4 x16 link for grads/weights.
+HOST_MEMORY_GBPS_PER_GPU = 25.0
+PCIE_GBPS = 25.0
+
+
+@dataclass(frozen=True, slots=True)
+class _ModelNumbers:
+    """Per-model constants, computed once per ModelSpec."""
+
+    total_params: float
+    weights_per_layer: float  # matmul weights a token passes per layer
+    params_per_layer: float
+    embedding: float  # input embedding (+ learned positions)
+    final_norm: float
+
+
+@lru_cache(maxsize=4096)
+def _model_numbers(model: ModelSpec) -> _ModelNumbers:
+    total = float(model.total_params())
+    if model.kind == "cnn":
+        return _ModelNumbers(total, 0.0, 0.0, 0.0, 0.0)
+    embedding = model.vocab * model.hidden + (model.seq_len * model.hidden if model.position == "learned" else 0)
+    return _ModelNumbers(
+        total_params=total,
+        weights_per_layer=model.matmul_weights_per_token() / model.layers,
+        params_per_layer=(total - model.embedding_params() - model.norm_params()) / model.layers,
+        embedding=float(embedding),
+        final_norm=float(model.norm_params()),
+    )
+
+
+@lru_cache(maxsize=4096)
+def _hardware_numbers(hardware: Hardware) -> tuple[GpuSpec, Links]:
+    return hardware.spec, hardware.links()
+
+
+@lru_cache(maxsize=4096)
+def _iteration_flops(model: ModelSpec, global_batch: int, recompute: str) -> float:
+    return flops_per_iteration(model, global_batch, recompute)
+
+
+@dataclass(frozen=True, slots=True)
+class StageSpec:
+    """`count` identical pipeline stages of `layers` layers each on dp × tp GPUs."""
+
+    hardware: Hardware
+    tp: int
+    dp: int
+    layers: int
+    first: bool = False
+    last: bool = False
+    count: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """What a plan achieves; `feasible` is False (with `reason`) when it does not fit."""
+
+    plan: ParallelPlan
+    gpu_type: str
+    gpus: int
+    iteration_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float  # model FLOPs (no recomputation) per GPU per second, TFLOP/s
+    hardware_tflops_per_gpu: float  # including recomputed FLOPs
+    mfu: float
+    memory_gib_per_gpu: float
+    feasible: bool
+    reason: str
+    breakdown: tuple[tuple[str, float], ...]  # seconds per iteration by cause
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "iteration_s": self.iteration_s,
+            "tokens_per_s": self.tokens_per_s,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "hardware_tflops_per_gpu": self.hardware_tflops_per_gpu,
+            "mfu": self.mfu,
+            "memory_gib_per_gpu": self.memory_gib_per_gpu,
+            "feasible": self.feasible,
+            "reason": self.reason,
+            "gpu_type": self.gpu_type,
+            "gpus": self.gpus,
+            "plan": {
+                "dp": self.plan.dp,
+                "tp": self.plan.tp,
+                "pp": self.plan.pp,
+                "micro_batch": self.plan.micro_batch,
+                "vpp": self.plan.virtual_stages,
+                "zero": self.plan.zero_stage,
+                "zero_shard": self.plan.zero_shard,
+                "recompute": self.plan.recompute,
+            },
+            "breakdown_s": dict(self.breakdown),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class _StageTime:
+    micro_batch_s: float  # one micro-batch, forward + backward (+ recompute), incl. exposed comm
+    compute_s: float
+    tp_s: float
+    p2p_s: float
+    backward_s: float
+    dp_s: float  # gradient sync after the last micro-batch (before overlap)
+    optimizer_s: float
+    memory_bytes: float
+
+
+class Estimator:
+    """Prices plans; memoised so simulations can ask millions of times."""
+
+    def __init__(self, calibration: Calibration | None = None, comm: CommModel | None = None, cache_size: int = 1 << 18):
+        self.calibration = calibration or load_calibration()
+        self.comm: CommModel = comm or BusBandwidthComm(self.calibration)
+        self.estimate = lru_cache(maxsize=cache_size)(self.estimate_uncached)  # type: ignore[method-assign]
+
+    def estimate(self, job: TrainingJob, hardware: Hardware, plan: ParallelPlan, placement: Placement = PACKED) -> Estimate:  # noqa: D102 (replaced per instance)
+        return self.estimate_uncached(job, hardware, plan, placement)
+
+    def estimate_uncached(
+        self, job: TrainingJob, hardware: Hardware, plan: ParallelPlan, placement: Placement = PACKED
+    ) -> Estimate:
+        """Estimate for a uniform plan (`PlanError` if the plan cannot run the job)."""
+        check_plan(job, plan)
+        return self.estimate_stages(job, uniform_stages(job, hardware, plan), plan, placement)
+
+    def estimate_stages(
+        self, job: TrainingJob, stages: tuple[StageSpec, ...], plan: ParallelPlan, placement: Placement = PACKED
+    ) -> Estimate:
+        """Estimate for explicit stages; `plan` gives pp, micro-batches (via
+        micro_batch·dp), vpp, ZeRO and recomputation."""
+        micro_batches = job.global_batch // (plan.micro_batch * plan.dp)
+        times = []
+        rank = 0
+        for stage in stages:
+            times.append((stage, self._stage_time(job, stage, plan, placement, micro_batches, rank)))
+            rank += stage.count
+        slowest = max(t.micro_batch_s for _, t in times)
+        total = sum(t.micro_batch_s * s.count for s, t in times)
+        pipeline = micro_batches * slowest + (total - slowest) / plan.virtual_stages
+        tail = max(t.dp_s + t.optimizer_s for _, t in times)
+        embedding_sync = self._embedding_sync(job, stages, plan, placement)
+        iteration = pipeline + tail + embedding_sync
+        return self._result(job, stages, plan, times, micro_batches, slowest, pipeline, tail, embedding_sync, iteration)
+
+    # -- one stage ----------------------------------------------------------
+    def _stage_time(
+        self, job: TrainingJob, stage: StageSpec, plan: ParallelPlan, placement: Placement, micro_batches: int, rank: int
+    ) -> _StageTime:
+        hw, cal = stage.hardware, self.calibration
+        spec, links = _hardware_numbers(hw)
+        mb = job.global_batch // (micro_batches * stage.dp)
+        gemm, traffic, backward_share = self._stage_work(job, stage, mb, plan.recompute)
+        peak = spec.tflops_bf16 if job.precision == "bf16" else spec.tflops_fp16
+        compute = gemm / (peak * 1e12 * cal.gemm_efficiency) + traffic / (
+            spec.memory_bw_gbps * 1e9 * cal.memory_efficiency
+        )
+        model = job.model
+        tokens = mb * model.seq_len
+        per_node = hw.gpus_per_node
+        tp_s = 0.0
+        if stage.tp > 1:
+            calls = 4 + (2 if plan.recompute == "full" else 0)
+            group = GroupShape(size=stage.tp, per_node=min(stage.tp, per_node))
+            tp_s = stage.layers * calls * self.comm.all_reduce(tokens * model.hidden * job.activation_bytes, group, links)
+        p2p_s = 0.0
+        pp = plan.pp
+        if pp > 1:
+            same_node = stage.tp * stage.dp < per_node
+            group = GroupShape(
+                size=2,
+                per_node=2 if same_node else 1,
+                minipods=placement.pp_minipods,
+                oversubscription=placement.pp_oversubscription,
+            )
+            message = tokens * model.hidden * job.activation_bytes / stage.tp
+            p2p_s = 2 * plan.virtual_stages * self.comm.send(message, group, links)
+        params = self._stage_params(job, stage) / stage.tp
+        dp_s, zero3_s = self._dp_sync(job, stage, plan, placement, params, micro_batches)
+        backward = compute * backward_share
+        if job.overlap_dp:
+            dp_s = max(0.0, dp_s - backward)
+        zero3_exposed = max(0.0, zero3_s - compute)
+        micro_batch_s = compute + tp_s + p2p_s + zero3_exposed
+        updated = params / (plan.zero_shard or stage.dp) if plan.zero_stage >= 1 else params
+        if job.optimizer_offload:  # fp32 grads down, bf16 weights up, Adam on the host
+            optimizer_s = updated * (
+                OPTIMIZER_BYTES_PER_PARAM / (HOST_MEMORY_GBPS_PER_GPU * 1e9) + 6.0 / (PCIE_GBPS * 1e9)
+            )
+        else:
+            optimizer_s = OPTIMIZER_BYTES_PER_PARAM * updated / (spec.memory_bw_gbps * 1e9 * cal.memory_efficiency)
+        stage_plan = plan
+        if (stage.dp, stage.tp, mb) != (plan.dp, plan.tp, plan.micro_batch):  # unequal stages
+            stage_plan = ParallelPlan(
+                dp=stage.dp, tp=stage.tp, pp=pp, micro_batch=mb, virtual_stages=plan.virtual_stages,
+                zero_stage=plan.zero_stage, recompute=plan.recompute, zero_shard=plan.zero_shard,
+            )  # fmt: skip
+        memory = stage_memory_bytes(job, stage_plan, params, stage.layers, rank, stage.last)
+        return _StageTime(micro_batch_s, compute, tp_s, p2p_s, backward, dp_s, optimizer_s, memory)
+
+    def _stage_work(self, job: TrainingJob, stage: StageSpec, mb: int, recompute: str) -> tuple[float, float, float]:
+        """GEMM FLOPs and memory traffic per GPU for one micro-batch, and the
+        share of the time spent in the backward pass."""
+        model = job.model
+        if model.kind == "cnn":
+            forward = 2.0 * model.total_params() * CNN_SPATIAL_REUSE * mb
+            fwd_traffic = 2.0 * CNN_ACTIVATION_BYTES_PER_PARAM_IMAGE * model.total_params() * mb
+            return 3.0 * forward, 3.0 * fwd_traffic, 2.0 / 3.0
+        tp, layers = stage.tp, stage.layers
+        tokens = mb * model.seq_len
+        weights_per_layer = _model_numbers(model).weights_per_layer
+        attention = 4.0 * mb * model.seq_len**2 * model.hidden
+        fwd_layer = 2.0 * tokens * weights_per_layer + attention
+        traffic_layer = 2.0 * layer_activation_bytes(job, mb, tp, "none")
+        if not job.fused_kernels:
+            traffic_layer *= UNFUSED_TRAFFIC_FACTOR
+        forward = layers * fwd_layer / tp
+        fwd_traffic = layers * traffic_layer
+        if stage.last:
+            logits = 2.0 * tokens * model.hidden * model.vocab / tp
+            forward += logits
+            fwd_traffic += 12.0 * tokens * model.vocab / tp
+        gemm, traffic = 3.0 * forward, 3.0 * fwd_traffic
+        if recompute == "full":
+            gemm += forward
+            traffic += fwd_traffic
+        elif recompute == "selective":
+            gemm += layers * attention / tp
+        return gemm, traffic, (gemm - forward) / gemm
+
+    def _stage_params(self, job: TrainingJob, stage: StageSpec) -> float:
+        model = job.model
+        numbers = _model_numbers(model)
+        if model.kind == "cnn":
+            return numbers.total_params
+        params = stage.layers * numbers.params_per_layer
+        embedding = numbers.embedding
+        if stage.first:
+            params += embedding
+        if stage.last:
+            params += numbers.final_norm + (embedding if (model.tied_embeddings and not stage.first) else 0)
+            if not model.tied_embeddings:
+                params += model.vocab * model.hidden
+        return params
+
+    def _dp_sync(
+        self, job: TrainingJob, stage: StageSpec, plan: ParallelPlan, placement: Placement, params: float, m: int
+    ) -> tuple[float, float]:
+        """(gradient sync after the last micro-batch, ZeRO-3 gathers per micro-batch)."""
+        dp = stage.dp
+        if dp <= 1:
+            return 0.0, 0.0
+        links = _hardware_numbers(stage.hardware)[1]
+        per_node = max(1, min(dp, stage.hardware.gpus_per_node // stage.tp))
+        whole = GroupShape(
+            size=dp, per_node=per_node, minipods=placement.dp_minipods, oversubscription=placement.dp_oversubscription
+        )
+        grads = params * job.grad_bytes
+        weights = params * 2.0
+        shard = plan.zero_shard or dp
+        comm = self.comm
+        if plan.zero_stage <= 1 and shard == dp:
+            return comm.all_reduce(grads, whole, links), 0.0
+        inner = GroupShape(size=shard, per_node=min(shard, per_node))
+        across = GroupShape(
+            size=dp // shard,
+            per_node=max(1, per_node // shard),
+            minipods=placement.dp_minipods,
+            oversubscription=placement.dp_oversubscription,
+        )
+        across_sync = comm.all_reduce(grads / shard, across, links)  # the shard across shard groups
+        if plan.zero_stage <= 2:  # reduce-scatter grads, all-gather updated weights in the shard group
+            return comm.reduce_scatter(grads, inner, links) + across_sync + comm.all_gather(weights, inner, links), 0.0
+        # ZeRO-3 gathers each layer's weights for forward and backward and
+        # reduce-scatters its gradients every micro-batch.
+        layers = max(1, stage.layers)
+        per_layer = (
+            2.0 * comm.all_gather(weights / layers, inner, links) + comm.reduce_scatter(grads / layers, inner, links)
+        )
+        return across_sync, layers * per_layer
+
+    def _embedding_sync(
+        self, job: TrainingJob, stages: tuple[StageSpec, ...], plan: ParallelPlan, placement: Placement
+    ) -> float:
+        """Tied input/output embeddings on different stages all-reduce their gradients."""
+        model = job.model
+        if plan.pp == 1 or model.kind == "cnn" or not model.tied_embeddings:
+            return 0.0
+        first = stages[0]
+        group = GroupShape(size=2, per_node=1, minipods=placement.pp_minipods, oversubscription=placement.pp_oversubscription)
+        return self.comm.all_reduce(model.vocab * model.hidden / first.tp * job.grad_bytes, group, _hardware_numbers(first.hardware)[1])
+
+    # -- result -------------------------------------------------------------
+    def _result(
+        self,
+        job: TrainingJob,
+        stages: tuple[StageSpec, ...],
+        plan: ParallelPlan,
+        times: list[tuple[StageSpec, _StageTime]],
+        micro_batches: int,
+        slowest: float,
+        pipeline: float,
+        tail: float,
+        embedding_sync: float,
+        iteration: float,
+    ) -> Estimate:
+        gpus = sum(s.dp * s.tp * s.count for s in stages)
+        model_flops = _iteration_flops(job.model, job.global_batch, "none")
+        hw_flops = _iteration_flops(job.model, job.global_batch, plan.recompute)
+        tflops = model_flops / iteration / gpus / 1e12
+        peak = max(s.hardware.peak_tflops(job.precision) for s in stages)
+        worst = max(times, key=lambda st: st[1].micro_batch_s)[1]
+        breakdown = (
+            ("compute", micro_batches * worst.compute_s),
+            ("tp_comm", micro_batches * worst.tp_s),
+            ("pp_comm", micro_batches * worst.p2p_s),
+            ("bubble", pipeline - micro_batches * slowest),
+            ("dp_exposed", max(t.dp_s for _, t in times) + embedding_sync),
+            ("optimizer", max(t.optimizer_s for _, t in times)),
+        )
+        memory = max(t.memory_bytes for _, t in times)
+        feasible, reason = True, ""
+        for stage, t in times:
+            available = _hardware_numbers(stage.hardware)[0].memory_gib - self.calibration.memory_reserve_gib
+            if t.memory_bytes / GIB > available:
+                feasible = False
+                reason = (
+                    f"out of memory: {t.memory_bytes / GIB:.1f} GiB per GPU needed on a {stage.hardware.gpu_type} "
+                    f"stage, {available:.1f} GiB usable"
+                )
+                break
+        gpu_types = sorted({s.hardware.gpu_type for s in stages})
+        return Estimate(
+            plan=plan,
+            gpu_type="+".join(gpu_types),
+            gpus=gpus,
+            iteration_s=iteration,
+            tokens_per_s=job.tokens / iteration,
+            tflops_per_gpu=tflops,
+            hardware_tflops_per_gpu=hw_flops / iteration / gpus / 1e12,
+            mfu=tflops / peak,
+            memory_gib_per_gpu=memory / GIB,
+            feasible=feasible,
+            reason=reason,
+            breakdown=breakdown,
+        )
+
+
+def uniform_stages(job: TrainingJob, hardware: Hardware, plan: ParallelPlan) -> tuple[StageSpec, ...]:
+    """First, middle and last stages of an even split (at most three distinct shapes)."""
+    layers = job.model.layers // plan.pp
+    make = lambda first, last, count: StageSpec(hardware, plan.tp, plan.dp, layers, first, last, count)  # noqa: E731
+    if plan.pp == 1:
+        return (make(True, True, 1),)
+    middle = (make(False, False, plan.pp - 2),) if plan.pp > 2 else ()
+    return (make(True, False, 1), *middle, make(False, True, 1))
+
+
+_DEFAULT: Estimator | None = None
+
+
+def default_estimator() -> Estimator:
+    """A shared, memoised estimator with the bundled calibration."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = Estimator()
+    return _DEFAULT
+
+
+__all__ = ["Estimate", "Estimator", "PlanError", "StageSpec", "default_estimator", "uniform_stages"]

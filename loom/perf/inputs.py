@@ -1,0 +1,145 @@
+"""What the estimator is asked about: a training job, its hardware, its placement.
+
+All frozen and hashable, so estimates can be memoised on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from loom.core.plan import RECOMPUTE_MODES, ParallelPlan
+from loom.errors import LoomInputError
+from loom.hardware.gpus import GpuSpec, gpu_spec
+from loom.perf.comm import Links
+from loom.perf.model import ModelSpec
+
+PRECISIONS = ("bf16", "fp16")
+
+
+class PlanError(LoomInputError):
+    """A parallel plan that cannot run this job at all (not merely out of memory)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingJob:
+    """A model trained with a global batch (sequences; images for a cnn).
+
+    Element sizes are set per communication group, so e.g. fp32 DP gradients
+    with fp8 PP activations (Arnold's L20 cluster, Appendix E) can be priced.
+    """
+
+    model: ModelSpec
+    global_batch: int
+    precision: str = "bf16"  # compute precision: which peak applies
+    grad_bytes: int = 2  # DP gradient element
+    activation_bytes: int = 2  # TP collectives and PP send/recv element
+    flash_attention: bool = True  # False: s×s attention scores are materialised
+    overlap_dp: bool = True  # DP gradient sync overlaps the last backward pass
+    fused_kernels: bool = True  # False: eager unfused norms/rotary/activations (e.g. HF Transformers)
+    optimizer_offload: bool = False  # optimizer step on the host (DeepSpeed ZeRO-Offload)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch <= 0:
+            raise LoomInputError(f"must be a positive integer, got {self.global_batch!r}", field="global_batch")
+        if self.precision not in PRECISIONS:
+            raise LoomInputError(f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}", field="precision")
+        for field in ("grad_bytes", "activation_bytes"):
+            if getattr(self, field) not in (1, 2, 4):
+                raise LoomInputError(f"must be 1, 2 or 4 bytes, got {getattr(self, field)!r}", field=field)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per iteration (images for a cnn)."""
+        return self.global_batch * (self.model.seq_len if self.model.kind == "transformer" else 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """GPU type plus the node it sits in; link numbers default to the GPU spec's."""
+
+    gpu_type: str
+    gpus_per_node: int = 8
+    nic_gbps: float | None = None  # per-GPU scale-out, Gb/s (bits), as in gpus.yaml
+    intra_node_gbps: float | None = None  # GB/s one direction
+
+    def __post_init__(self) -> None:
+        gpu_spec(self.gpu_type)  # UnknownNameError lists the known types
+        if isinstance(self.gpus_per_node, bool) or not isinstance(self.gpus_per_node, int) or self.gpus_per_node <= 0:
+            raise LoomInputError(f"must be a positive integer, got {self.gpus_per_node!r}", field="gpus_per_node")
+        for field in ("nic_gbps", "intra_node_gbps"):
+            value = getattr(self, field)
+            if value is not None and not value > 0:
+                raise LoomInputError(f"must be > 0, got {value!r}", field=field)
+
+    @property
+    def spec(self) -> GpuSpec:
+        return gpu_spec(self.gpu_type)
+
+    def links(self) -> Links:
+        spec = self.spec
+        nic = spec.nic_gbps if self.nic_gbps is None else self.nic_gbps
+        intra = spec.intra_node_gbps if self.intra_node_gbps is None else self.intra_node_gbps
+        return Links(intra_node_gbps=intra, nic_gbps=nic / 8.0)
+
+    def peak_tflops(self, precision: str) -> float:
+        spec = self.spec
+        return spec.tflops_bf16 if precision == "bf16" else spec.tflops_fp16
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """How far the job's groups spread: minipods spanned by its widest DP and PP
+    group and the oversubscription of the highest fabric tier they cross.
+    The default is a job packed into one non-blocking minipod."""
+
+    dp_minipods: int = 1
+    pp_minipods: int = 1
+    dp_oversubscription: float = 1.0
+    pp_oversubscription: float = 1.0
+
+    def __post_init__(self) -> None:
+        for field in ("dp_minipods", "pp_minipods"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise LoomInputError(f"must be a positive integer, got {value!r}", field=field)
+        for field in ("dp_oversubscription", "pp_oversubscription"):
+            if not getattr(self, field) >= 1.0:
+                raise LoomInputError(f"must be >= 1, got {getattr(self, field)!r}", field=field)
+
+
+PACKED = Placement()
+
+
+def check_plan(job: TrainingJob, plan: ParallelPlan, gpus: int | None = None) -> None:
+    """Raise `PlanError` naming the field when `plan` cannot run `job`."""
+    model = job.model
+    for field in ("dp", "tp", "pp", "micro_batch", "virtual_stages"):
+        value = getattr(plan, field)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PlanError(f"must be a positive integer, got {value!r}", field=field)
+    if gpus is not None and plan.world_size != gpus:
+        raise PlanError(f"dp·tp·pp = {plan.world_size} but the job has {gpus} GPUs", field="dp")
+    if plan.zero_stage not in (0, 1, 2, 3):
+        raise PlanError(f"must be 0, 1, 2 or 3, got {plan.zero_stage!r}", field="zero")
+    if plan.recompute not in RECOMPUTE_MODES:
+        raise PlanError(f"must be one of {', '.join(RECOMPUTE_MODES)}, got {plan.recompute!r}", field="recompute")
+    if plan.zero_shard < 0 or (plan.zero_shard and plan.dp % plan.zero_shard):
+        raise PlanError(f"zero shard group {plan.zero_shard} must divide dp={plan.dp}", field="zero_shard")
+    if model.kind == "cnn" and (plan.tp > 1 or plan.pp > 1):
+        raise PlanError("cnn models are modelled data-parallel only (tp = pp = 1)", field="tp")
+    if model.heads % plan.tp:
+        raise PlanError(f"heads ({model.heads}) not divisible by tp={plan.tp}", field="tp")
+    if model.layers % (plan.pp * plan.virtual_stages):
+        raise PlanError(
+            f"layers ({model.layers}) not divisible by pp·vpp = {plan.pp}·{plan.virtual_stages}", field="pp"
+        )
+    if plan.virtual_stages > 1 and plan.pp == 1:
+        raise PlanError("virtual pipeline stages need pp > 1", field="vpp")
+    per_step = plan.micro_batch * plan.dp
+    if job.global_batch % per_step:
+        raise PlanError(
+            f"global batch {job.global_batch} not divisible by micro-batch·dp = {plan.micro_batch}·{plan.dp}",
+            field="global_batch",
+        )
+    if plan.virtual_stages > 1 and (job.global_batch // per_step) % plan.pp:
+        raise PlanError("interleaved schedule needs micro-batches divisible by pp", field="vpp")

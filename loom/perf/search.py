@@ -1,0 +1,185 @@
+"""Plan search: every valid (dp, tp, pp, micro-batch, vpp, ZeRO, recomputation)
+for a job on N GPUs of one type, best by throughput.
+
+Any knob can be pinned (`Choices`); the rest are searched. Tensor parallelism
+is searched within a node only (powers of two dividing the heads); a pinned
+`tp` may span nodes. Ties go to the simpler plan: lower ZeRO stage, less
+recomputation, fewer virtual stages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from loom.core.plan import RECOMPUTE_MODES, ParallelPlan
+from loom.perf.estimator import Estimate, Estimator, default_estimator
+from loom.perf.inputs import PACKED, Hardware, Placement, PlanError, TrainingJob, check_plan
+
+MAX_MICRO_BATCH = 16
+VIRTUAL_STAGES = (1, 2, 3, 4, 6, 8)
+
+
+@dataclass(frozen=True, slots=True)
+class Choices:
+    """Pinned plan knobs; None means 'search it'."""
+
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    micro_batch: int | None = None
+    vpp: int | None = None
+    zero: int | None = None
+    recompute: str | None = None
+    zero_shard: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SearchResult:
+    best: Estimate | None  # fastest feasible plan, None if nothing fits
+    top: tuple[Estimate, ...]  # fastest feasible plans, best first
+    considered: int
+    feasible: int
+    reason: str  # why nothing fits (empty when something does)
+
+
+def candidate_plans(job: TrainingJob, hardware: Hardware, gpus: int, choices: Choices = Choices()) -> Iterator[ParallelPlan]:
+    """Valid plans for `gpus` GPUs (validity only: memory is the estimator's call)."""
+    model = job.model
+    for tp in _tp_options(job, hardware, gpus, choices):
+        for pp in _pp_options(job, gpus // tp, choices):
+            dp = gpus // (tp * pp)
+            if choices.dp is not None and dp != choices.dp:
+                continue
+            if job.global_batch % dp:
+                continue
+            for mb in _micro_batches(job.global_batch // dp, choices):
+                micro_batches = job.global_batch // (mb * dp)
+                for vpp in _vpp_options(model.layers // pp, pp, micro_batches, choices):
+                    for zero in (0, 1, 2, 3) if choices.zero is None else (choices.zero,):
+                        for recompute in RECOMPUTE_MODES if choices.recompute is None else (choices.recompute,):
+                            yield ParallelPlan(dp, tp, pp, mb, vpp, zero, recompute, choices.zero_shard)
+
+
+def search_plans(
+    job: TrainingJob,
+    hardware: Hardware,
+    gpus: int,
+    *,
+    placement: Placement = PACKED,
+    choices: Choices = Choices(),
+    top: int = 5,
+    estimator: Estimator | None = None,
+) -> SearchResult:
+    """Price every candidate plan and keep the fastest feasible ones."""
+    est = estimator or default_estimator()
+    feasible: list[Estimate] = []
+    considered = 0
+    first_reason = ""
+    for plan in candidate_plans(job, hardware, gpus, choices):
+        try:
+            check_plan(job, plan, gpus)
+        except PlanError:
+            continue
+        considered += 1
+        estimate = est.estimate(job, hardware, plan, placement)
+        if estimate.feasible:
+            feasible.append(estimate)
+        elif not first_reason or estimate.memory_gib_per_gpu < _memory_of(first_reason):
+            first_reason = estimate.reason
+    feasible.sort(key=_rank)
+    if not considered:
+        reason = f"no valid plan for {gpus} GPUs with {_describe(choices)}"
+    elif not feasible:
+        reason = f"no plan fits in memory; the smallest needs: {first_reason}"
+    else:
+        reason = ""
+    return SearchResult(feasible[0] if feasible else None, tuple(feasible[:top]), considered, len(feasible), reason)
+
+
+def best_plan(job: TrainingJob, hardware: Hardware, gpus: int, **kwargs: object) -> Estimate | None:
+    """The fastest feasible plan, or None."""
+    return search_plans(job, hardware, gpus, **kwargs).best  # type: ignore[arg-type]
+
+
+def fill_choices(choices: Choices, plan: ParallelPlan) -> Choices:
+    """Pin every knob to `plan`'s value."""
+    return replace(
+        choices,
+        tp=plan.tp,
+        pp=plan.pp,
+        dp=plan.dp,
+        micro_batch=plan.micro_batch,
+        vpp=plan.virtual_stages,
+        zero=plan.zero_stage,
+        recompute=plan.recompute,
+    )
+
+
+def _rank(estimate: Estimate) -> tuple[float, int, int, int, float]:
+    plan = estimate.plan
+    return (
+        round(estimate.iteration_s, 9),
+        plan.zero_stage,
+        RECOMPUTE_MODES.index(plan.recompute),
+        plan.virtual_stages,
+        estimate.memory_gib_per_gpu,
+    )
+
+
+def _memory_of(reason: str) -> float:
+    try:
+        return float(reason.split(":")[1].split("GiB")[0])
+    except (IndexError, ValueError):
+        return float("inf")
+
+
+def _tp_options(job: TrainingJob, hardware: Hardware, gpus: int, choices: Choices) -> list[int]:
+    if choices.tp is not None:
+        return [choices.tp] if gpus % choices.tp == 0 else []
+    if job.model.kind == "cnn":
+        return [1]
+    options, tp = [], 1
+    while tp <= min(gpus, hardware.gpus_per_node):
+        if gpus % tp == 0 and job.model.heads % tp == 0:
+            options.append(tp)
+        tp *= 2
+    return options
+
+
+def _pp_options(job: TrainingJob, ranks: int, choices: Choices) -> list[int]:
+    if choices.pp is not None:
+        return [choices.pp] if ranks % choices.pp == 0 else []
+    if job.model.kind == "cnn":
+        return [1]
+    layers = job.model.layers
+    return [pp for pp in range(1, min(ranks, layers) + 1) if ranks % pp == 0 and layers % pp == 0]
+
+
+def _micro_batches(per_replica: int, choices: Choices) -> list[int]:
+    if choices.micro_batch is not None:
+        return [choices.micro_batch] if per_replica % choices.micro_batch == 0 else []
+    options, mb = [], 1
+    while mb <= min(per_replica, MAX_MICRO_BATCH):
+        if per_replica % mb == 0:
+            options.append(mb)
+        mb *= 2
+    return options
+
+
+def _vpp_options(layers_per_stage: int, pp: int, micro_batches: int, choices: Choices) -> list[int]:
+    if choices.vpp is not None:
+        return [choices.vpp]
+    if pp == 1:
+        return [1]
+    return [
+        v for v in VIRTUAL_STAGES if layers_per_stage % v == 0 and (v == 1 or micro_batches % pp == 0)
+    ]
+
+
+def _describe(choices: Choices) -> str:
+    pinned = [f"{k}={v}" for k, v in (
+        ("tp", choices.tp), ("pp", choices.pp), ("dp", choices.dp), ("micro_batch", choices.micro_batch),
+        ("vpp", choices.vpp), ("zero", choices.zero), ("recompute", choices.recompute),
+    ) if v is not None]  # fmt: skip
+    return ", ".join(pinned) or "no pinned knobs"
