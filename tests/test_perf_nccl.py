@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -127,10 +128,13 @@ def test_unreadable_and_unknown_op(tmp_path: Path) -> None:
 
 def test_reproduces_measured_points(shared: NcclTable, measured: MeasuredComm) -> None:
     group = GroupShape(16, 8)
-    # from 4 KiB up the table is monotone, so every point comes back exactly
-    for size, t in zip(shared.sizes, shared.times_s):
-        if size >= 4096:
+    # every point not undercut by a larger message comes back exactly
+    times = shared.times_s
+    for i, (size, t) in enumerate(zip(shared.sizes, times)):
+        if t <= min(times[i:]):
             assert measured.all_reduce(size, group, LINKS) == pytest.approx(t)
+        else:  # noisy reading: the envelope of the larger messages
+            assert measured.all_reduce(size, group, LINKS) == pytest.approx(min(times[i:]))
     assert measured.all_reduce(GIB, group, LINKS) == pytest.approx(6.759e-3)
 
 
@@ -150,9 +154,9 @@ def test_extrapolation(shared: NcclTable, measured: MeasuredComm) -> None:
 
 def test_monotonic_in_size(measured: MeasuredComm) -> None:
     for group in (GroupShape(16, 8), GroupShape(32, 8), GroupShape(64, 4, minipods=2, oversubscription=2.0)):
-        sizes = [2.0**e for e in range(0, 36)] + [3.0 * 2**e for e in range(0, 34)]
+        sizes = [2.0**e for e in range(36)] + [3.0 * 2**e for e in range(34)]
         times = [measured.all_reduce(s, group, LINKS) for s in sorted(sizes)]
-        assert all(a <= b for a, b in zip(times, times[1:]))
+        assert all(a <= b for a, b in itertools.pairwise(times))
 
 
 def test_other_shapes_scale_with_nodes_and_members(measured: MeasuredComm) -> None:

@@ -35,8 +35,8 @@ PASSES = {"all_reduce": 2, "reduce_scatter": 1, "all_gather": 1}
 
 _BINARY = re.compile(r"\b(all_reduce|reduce_scatter|all_gather|sendrecv|alltoall|broadcast|reduce|gather|scatter)_perf\b")
 _RANK = re.compile(r"^#\s*Rank\s+\d+\b.*?\bon\s+(\S+)")
-_NP = re.compile(r"(?:^|\s)-(?:np|n)\s+(\d+)")
-_NPERNODE = re.compile(r"(?:^|\s)-(?:npernode|N)\s+(\d+)")
+_NP = re.compile(r"(?:^|\s)(?:-np|-n|--ntasks)[\s=]+(\d+)")
+_NPERNODE = re.compile(r"(?:^|\s)(?:--?npernode|-ppn|--ntasks-per-node)[\s=]+(\d+)")
 _LOG = re.compile(r"\bNCCL (?:INFO|WARN)\b")
 
 
@@ -163,7 +163,8 @@ class _Curve:
         if sizes[i] == nbytes:
             return times[i]
         w = math.log(nbytes / sizes[i]) / math.log(sizes[i + 1] / sizes[i])
-        return math.exp((1 - w) * math.log(times[i]) + w * math.log(times[i + 1]))
+        t = math.exp((1 - w) * math.log(times[i]) + w * math.log(times[i + 1]))
+        return min(max(t, times[i]), times[i + 1])  # no round-off outside the bracket
 
 
 class MeasuredComm:
