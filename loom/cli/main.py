@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from loom.cli import perf as perf_cli
 from loom.cli import report as report_cli
 from loom.cli import traces as traces_cli
 from loom.cli.errors import err_console, user_errors
@@ -26,6 +27,7 @@ clusters_app = typer.Typer(help="List and inspect clusters.", no_args_is_help=Tr
 app.add_typer(clusters_app, name="clusters")
 app.add_typer(traces_cli.app, name="traces")
 report_cli.register(app)
+perf_cli.register(app)
 console = Console()
 
 

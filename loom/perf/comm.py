@@ -64,13 +64,15 @@ class CommModel(Protocol):
 def minipod_loss(max_loss: float, minipods: int, saturate: int) -> float:
     """Fraction of bandwidth lost when a group spans `minipods` minipods.
 
-    Grows with log2(minipods) and reaches `max_loss` at `saturate` minipods
-    (Arnold Fig. 4b/c: collectives up to 17%, P2P up to 70%)."""
+    Scales with the share of the group's member pairs that sit in different
+    minipods, 1 − 1/k for an even split over k minipods, and reaches `max_loss`
+    at `saturate` minipods (Arnold Fig. 4b/c: collectives up to 17%, P2P up to
+    70%). Two minipods give 4/7 of the maximum when `saturate` is 8."""
     if minipods <= 1:
         return 0.0
     if saturate <= 1:
         return max_loss
-    return max_loss * min(1.0, math.log2(minipods) / math.log2(saturate))
+    return max_loss * min(1.0, (1.0 - 1.0 / minipods) / (1.0 - 1.0 / saturate))
 
 
 def saturation(nbytes: float, half_mb: float) -> float:

@@ -215,8 +215,11 @@ class Estimator:
         params = self._stage_params(job, stage) / stage.tp
         dp_s, zero3_s = self._dp_sync(job, stage, plan, placement, params, micro_batches)
         backward = compute * backward_share
-        if job.overlap_dp:
-            dp_s = max(0.0, dp_s - backward)
+        # 1F1B drains from the last stage: stage r finishes its last backward r
+        # backward slots before the first stage, so its gradient sync starts
+        # that much earlier (and overlaps its own last backward pass if allowed).
+        window = rank * (backward + p2p_s / 2) + (backward if job.overlap_dp else 0.0)
+        dp_s = max(0.0, dp_s - window)
         zero3_exposed = max(0.0, zero3_s - compute)
         micro_batch_s = compute + tp_s + p2p_s + zero3_exposed
         updated = params / (plan.zero_shard or stage.dp) if plan.zero_stage >= 1 else params

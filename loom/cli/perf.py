@@ -1,0 +1,273 @@
+"""`loom estimate` and `loom plan`: price a training job's parallel plans.
+
+Invalid input (unknown GPU, bad model flags, a plan that cannot run the job)
+prints one red line and exits 2; a job that does not fit in memory exits 1.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Column, Table
+
+from loom.cli.errors import err_console, user_errors
+from loom.errors import LoomInputError
+
+console = Console()
+
+
+class Recompute(str, Enum):
+    none = "none"
+    selective = "selective"
+    full = "full"
+
+
+class Precision(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class PlanMode(str, Enum):
+    auto = "auto"
+
+
+# Flags shared by both commands.
+GpuType = Annotated[str, typer.Option("--gpu-type", help="GPU type (e.g. A100-80GB, H100).")]
+Gpus = Annotated[int, typer.Option("--gpus", min=1, help="Number of GPUs.")]
+GlobalBatch = Annotated[int, typer.Option("--global-batch", min=1, help="Global batch (sequences).")]
+Model = Annotated[str | None, typer.Option("--model", help="Model preset (e.g. gpt3-175b, llama2-70b).")]
+Layers = Annotated[int | None, typer.Option("--layers", min=1, help="Custom model: layers.")]
+Hidden = Annotated[int | None, typer.Option("--hidden", min=1, help="Custom model: hidden size.")]
+Heads = Annotated[int | None, typer.Option("--heads", min=1, help="Custom model: attention heads.")]
+Seq = Annotated[int | None, typer.Option("--seq", min=1, help="Custom model: sequence length.")]
+Vocab = Annotated[int | None, typer.Option("--vocab", min=1, help="Custom model: vocabulary size.")]
+FfnHidden = Annotated[int | None, typer.Option("--ffn-hidden", min=1, help="Custom model: FFN size (default 4·hidden).")]
+MicroBatch = Annotated[int | None, typer.Option("--micro-batch", min=1, help="Micro-batch (searched if omitted).")]
+Tp = Annotated[int | None, typer.Option("--tp", min=1, help="Tensor-parallel size.")]
+Pp = Annotated[int | None, typer.Option("--pp", min=1, help="Pipeline-parallel size.")]
+Dp = Annotated[int | None, typer.Option("--dp", min=1, help="Data-parallel size (default GPUs/(tp·pp)).")]
+Vpp = Annotated[int | None, typer.Option("--vpp", min=1, help="Virtual pipeline stages (interleaving).")]
+Zero = Annotated[int | None, typer.Option("--zero", min=0, max=3, help="ZeRO stage 0-3 (searched if omitted).")]
+RecomputeOpt = Annotated[Recompute | None, typer.Option("--recompute", help="Activation recomputation (searched if omitted).")]
+PlanOpt = Annotated[PlanMode | None, typer.Option("--plan", help="'auto': search every knob not pinned.")]
+GpusPerNode = Annotated[int, typer.Option("--gpus-per-node", min=1, help="GPUs per node.")]
+NicGbps = Annotated[float | None, typer.Option("--nic-gbps", help="Per-GPU scale-out bandwidth, Gb/s.")]
+PrecisionOpt = Annotated[Precision, typer.Option("--precision", help="Compute precision.")]
+NoFlash = Annotated[bool, typer.Option("--no-flash-attention", help="Materialise s×s attention scores.")]
+AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
+Top = Annotated[int, typer.Option("--top", min=1, help="How many plans to list.")]
+
+CUSTOM_FLAGS = ("--layers", "--hidden", "--heads", "--seq", "--vocab")
+
+
+@dataclass(frozen=True, slots=True)
+class Knobs:
+    """Plan knobs given on the command line; None = not given."""
+
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    micro_batch: int | None = None
+    vpp: int | None = None
+    zero: int | None = None
+    recompute: str | None = None
+
+    def unset(self) -> list[str]:
+        return [name for name in ("tp", "pp", "dp", "micro_batch", "vpp", "zero", "recompute")
+                if getattr(self, name) is None]
+
+
+def build_model(model: str | None, shape: dict[str, int | None], ffn_hidden: int | None) -> Any:
+    """A preset (`--model`) or a custom shape (`--layers ... --vocab`), never both."""
+    from loom.perf.model import ModelSpec
+    from loom.perf.presets import preset
+
+    given = [flag for flag, value in zip(CUSTOM_FLAGS, shape.values()) if value is not None]
+    if model is not None:
+        if given or ffn_hidden is not None:
+            extra = given + (["--ffn-hidden"] if ffn_hidden is not None else [])
+            raise LoomInputError(f"--model cannot be combined with {', '.join(extra)}", field="--model")
+        return preset(model)
+    missing = [flag for flag, value in zip(CUSTOM_FLAGS, shape.values()) if value is None]
+    if missing:
+        hint = f"; missing {', '.join(missing)}" if given else ""
+        raise LoomInputError(f"give --model PRESET or all of {', '.join(CUSTOM_FLAGS)}{hint}", field="--model")
+    return ModelSpec(name="custom", ffn_hidden=ffn_hidden, **shape)  # type: ignore[arg-type]
+
+
+def build_inputs(gpu_type: str, gpus_per_node: int, nic_gbps: float | None, model: Any, global_batch: int,
+                 precision: Precision, no_flash: bool) -> tuple[Any, Any]:
+    from loom.perf.inputs import Hardware, TrainingJob
+
+    hardware = Hardware(gpu_type, gpus_per_node=gpus_per_node, nic_gbps=nic_gbps)
+    job = TrainingJob(model, global_batch, precision=precision.value, flash_attention=not no_flash)
+    return job, hardware
+
+
+def _check_pinned(job: Any, gpus: int, knobs: Knobs) -> None:
+    """Reject pinned tp/pp/vpp that no plan for this job could use, naming the flag."""
+    from loom.perf.inputs import PlanError
+
+    tp, pp, vpp = knobs.tp or 1, knobs.pp or 1, knobs.vpp or 1
+    if gpus % (tp * pp * (knobs.dp or 1)):
+        raise PlanError(f"tp·pp·dp = {tp * pp * (knobs.dp or 1)} does not divide {gpus} GPUs", field="tp")
+    if job.model.heads % tp:
+        raise PlanError(f"heads ({job.model.heads}) not divisible by tp={tp}", field="tp")
+    if job.model.layers % (pp * vpp):
+        raise PlanError(f"layers ({job.model.layers}) not divisible by pp·vpp = {pp}·{vpp}", field="pp")
+
+
+def _search(job: Any, hardware: Any, gpus: int, knobs: Knobs, top: int) -> Any:
+    from loom.perf.inputs import PlanError
+    from loom.perf.search import Choices, search_plans
+
+    choices = Choices(tp=knobs.tp, pp=knobs.pp, dp=knobs.dp, micro_batch=knobs.micro_batch, vpp=knobs.vpp,
+                      zero=knobs.zero, recompute=knobs.recompute)
+    result = search_plans(job, hardware, gpus, choices=choices, top=top)
+    if not result.considered:
+        raise PlanError(result.reason, field="plan")
+    return result
+
+
+def _fixed_knobs(job: Any, gpus: int, knobs: Knobs) -> Knobs:
+    """Without --plan auto: tp, pp, vpp default to 1 and dp to GPUs/(tp·pp); check the plan."""
+    from loom.core.plan import ParallelPlan
+    from loom.perf.inputs import check_plan
+
+    tp, pp, vpp = knobs.tp or 1, knobs.pp or 1, knobs.vpp or 1
+    dp = knobs.dp or gpus // (tp * pp)
+    trial = ParallelPlan(dp, tp, pp, knobs.micro_batch or 1, vpp, knobs.zero or 0, knobs.recompute or "none")
+    check_plan(job, trial, gpus)  # PlanError naming the field
+    return Knobs(tp, pp, dp, knobs.micro_batch, vpp, knobs.zero, knobs.recompute)
+
+
+def resolve(job: Any, hardware: Any, gpus: int, knobs: Knobs, auto: bool) -> tuple[Any, str, list[str]]:
+    """(estimate or None, reason when nothing fits, knobs that were searched)."""
+    from loom.core.plan import ParallelPlan
+    from loom.perf.estimator import default_estimator
+
+    _check_pinned(job, gpus, knobs)
+    if not auto:
+        knobs = _fixed_knobs(job, gpus, knobs)
+    searched = knobs.unset()
+    if searched:
+        result = _search(job, hardware, gpus, knobs, top=1)
+        return result.best, result.reason, searched
+    values = [getattr(knobs, name) for name in ("dp", "tp", "pp", "micro_batch", "vpp", "zero", "recompute")]
+    estimate = default_estimator().estimate(job, hardware, ParallelPlan(*values))
+    return estimate, estimate.reason, []
+
+
+def _fmt_row(e: Any) -> list[str]:
+    return [f"{e.iteration_s:,.3f}", f"{e.tokens_per_s:,.0f}", f"{e.tflops_per_gpu:,.1f}", f"{e.mfu:.1%}",
+            f"{e.memory_gib_per_gpu:,.1f}"]
+
+
+def _print_estimate(job: Any, hardware: Any, estimate: Any, searched: list[str]) -> None:
+    plan = estimate.plan
+    table = Table(title=f"{job.model.name} on {estimate.gpus} × {hardware.gpu_type}", show_header=False)
+
+    def mark(*names: str) -> str:
+        return " (searched)" if set(names) & set(searched) else ""
+
+    rows = [("plan", plan.describe()), ("dp · tp · pp", f"{plan.dp} · {plan.tp} · {plan.pp}{mark('dp', 'tp', 'pp')}"),
+            ("micro-batch", f"{plan.micro_batch}{mark('micro_batch')}"),
+            ("virtual stages", f"{plan.virtual_stages}{mark('vpp')}"), ("ZeRO stage", f"{plan.zero_stage}{mark('zero')}"),
+            ("recompute", f"{plan.recompute}{mark('recompute')}")]
+    rows += list(zip(("iteration s", "tokens/s", "TFLOP/s per GPU (model)", "MFU", "memory GiB/GPU"), _fmt_row(estimate)))
+    rows += [("hardware TFLOP/s per GPU", f"{estimate.hardware_tflops_per_gpu:,.1f}"),
+             ("feasible", "yes" if estimate.feasible else f"no: {estimate.reason}")]
+    for key, value in rows:
+        table.add_row(key, value)
+    console.print(table)
+    breakdown = Table("cause", "seconds", "share", title="iteration breakdown")
+    for cause, seconds in estimate.breakdown:
+        breakdown.add_row(cause, f"{seconds:,.4f}", f"{seconds / estimate.iteration_s:.1%}")
+    console.print(breakdown)
+
+
+def _fail(reason: str) -> None:
+    err_console.print(f"[bold red]infeasible:[/] {reason}", highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
+
+
+@user_errors
+def estimate(
+    gpu_type: GpuType, gpus: Gpus, global_batch: GlobalBatch, model: Model = None, layers: Layers = None,
+    hidden: Hidden = None, heads: Heads = None, seq: Seq = None, vocab: Vocab = None, ffn_hidden: FfnHidden = None,
+    micro_batch: MicroBatch = None, tp: Tp = None, pp: Pp = None, dp: Dp = None, vpp: Vpp = None, zero: Zero = None,
+    recompute: RecomputeOpt = None, plan: PlanOpt = None, gpus_per_node: GpusPerNode = 8, nic_gbps: NicGbps = None,
+    precision: PrecisionOpt = Precision.bf16, no_flash_attention: NoFlash = False, as_json: AsJson = False,
+) -> None:
+    """Iteration time, throughput, MFU and memory of one plan; omitted knobs are searched."""
+    spec = build_model(model, {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq, "vocab": vocab},
+                       ffn_hidden)
+    job, hardware = build_inputs(gpu_type, gpus_per_node, nic_gbps, spec, global_batch, precision, no_flash_attention)
+    knobs = Knobs(tp, pp, dp, micro_batch, vpp, zero, recompute.value if recompute else None)
+    best, reason, searched = resolve(job, hardware, gpus, knobs, plan is PlanMode.auto)
+    if as_json:
+        out = best.as_dict() if best is not None else {"feasible": False, "reason": reason}
+        typer.echo(json.dumps({**out, "searched": searched}, indent=2))
+        if best is None or not best.feasible:
+            raise typer.Exit(1)
+        return
+    if best is None:
+        _fail(reason)
+    _print_estimate(job, hardware, best, searched)
+    if not best.feasible:
+        _fail(best.reason)
+
+
+def _cells_section(result: Any, job: Any, hardware: Any) -> Table | None:
+    """HOOK: a Cells table for `loom plan` will be added here later. Returns None for now."""
+    return None
+
+
+@user_errors
+def plan(
+    gpu_type: GpuType, gpus: Gpus, global_batch: GlobalBatch, model: Model = None, layers: Layers = None,
+    hidden: Hidden = None, heads: Heads = None, seq: Seq = None, vocab: Vocab = None, ffn_hidden: FfnHidden = None,
+    micro_batch: MicroBatch = None, tp: Tp = None, pp: Pp = None, dp: Dp = None, vpp: Vpp = None, zero: Zero = None,
+    recompute: RecomputeOpt = None, top: Top = 10, gpus_per_node: GpusPerNode = 8, nic_gbps: NicGbps = None,
+    precision: PrecisionOpt = Precision.bf16, no_flash_attention: NoFlash = False, as_json: AsJson = False,
+) -> None:
+    """The fastest feasible plans (every knob not pinned is searched), best first."""
+    spec = build_model(model, {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq, "vocab": vocab},
+                       ffn_hidden)
+    job, hardware = build_inputs(gpu_type, gpus_per_node, nic_gbps, spec, global_batch, precision, no_flash_attention)
+    knobs = Knobs(tp, pp, dp, micro_batch, vpp, zero, recompute.value if recompute else None)
+    _check_pinned(job, gpus, knobs)
+    result = _search(job, hardware, gpus, knobs, top=top)
+    if as_json:
+        typer.echo(json.dumps({"considered": result.considered, "feasible": result.feasible, "reason": result.reason,
+                               "plans": [e.as_dict() for e in result.top]}, indent=2))
+    else:
+        _print_plans(job, hardware, gpus, result)
+    if not result.top:
+        if not as_json:
+            _fail(result.reason)
+        raise typer.Exit(1)
+
+
+def _print_plans(job: Any, hardware: Any, gpus: int, result: Any) -> None:
+    numbers = [Column(h, justify="right", no_wrap=True) for h in ("iter s", "tokens/s", "TFLOP/s/GPU", "MFU", "GiB/GPU")]
+    table = Table("#", "plan", *numbers, title=f"{job.model.name} on {gpus} × {hardware.gpu_type}: top {len(result.top)}")
+    for rank, e in enumerate(result.top, 1):
+        table.add_row(str(rank), e.plan.describe(), *_fmt_row(e))
+    if result.top:
+        console.print(table)
+    console.print(f"{result.considered:,} plans considered, {result.feasible:,} feasible", highlight=False)
+    cells = _cells_section(result, job, hardware)
+    if cells is not None:
+        console.print(cells)
+
+
+def register(app: typer.Typer) -> None:
+    """Add `estimate` and `plan` as top-level commands of `loom`."""
+    app.command("estimate")(estimate)
+    app.command("plan")(plan)
