@@ -21,3 +21,21 @@ def test_alibaba_v2023_honours_gpu_type_constraints(tmp_path, policy):
     assert len(allowed) > 1000
     placed = dict(zip(jobs["job_id"], jobs["gpu_type"]))
     assert all(placed[job_id] in types for job_id, types in allowed.items())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trace", ["arena-philly", "arena-pai", "arena-venus"])
+@pytest.mark.parametrize("policy", ["fcfs", "easy"])
+def test_crius_arena_traces_replay_with_estimated_durations(tmp_path, trace, policy):
+    """Arena traces give iterations, not durations: the estimator speed model
+    derives them, and every job runs on the GPU type it asked for."""
+    out = tmp_path / f"{trace}-{policy}"
+    res = CliRunner().invoke(app, ["simulate", "--trace", trace, "--cluster", "arena-1280", "--policy", policy,
+                                   "--speed-model", "estimator", "--out", str(out), "-q", "--no-report"])
+    assert res.exit_code == 0, res.output
+    jobs = pl.read_parquet(out / "jobs.parquet")
+    specs = {s.job_id: s for s in load_trace(trace)}
+    assert jobs.height == len(specs) and set(jobs["state"]) == {"finished"}
+    assert all(gpu_type == specs[job_id].gpu_type for job_id, gpu_type in zip(jobs["job_id"], jobs["gpu_type"]))
+    run_s = dict(zip(jobs["job_id"], jobs["run_s"]))
+    assert all(run_s[j] > 0 for j in specs)

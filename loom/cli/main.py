@@ -39,6 +39,8 @@ def simulate(
     cluster: str = typer.Option(None, help="Cluster: a name (see `loom clusters list`) or FORMAT:PATH."),
     policy: str = typer.Option(None, help="Scheduling policy (see `loom plugins`)."),
     placer: str = typer.Option(None, help="Placer (see `loom plugins`)."),
+    speed_model: str = typer.Option(None, help="Speed model: trace (recorded durations) or estimator "
+                                    "(time from model, batch and iterations; for Crius/Arena traces)."),
     seed: int = typer.Option(None, help="Random seed (default 0)."),
     out: Path = typer.Option(None, "--out", "-o", help="Output directory (default runs/latest)."),
     limit: int = typer.Option(None, help="Simulate only the first N jobs of the trace."),
@@ -52,7 +54,7 @@ def simulate(
     from loom.run import run
 
     cfg = load_config(config, {
-        "trace": trace, "cluster": cluster, "policy": policy, "placer": placer, "seed": seed,
+        "trace": trace, "cluster": cluster, "policy": policy, "placer": placer, "speed_model": speed_model, "seed": seed,
         "outputs.dir": str(out) if out else None, "limit_jobs": limit, "round_interval_s": round_interval,
         "outputs.decision_log": decision_log, "outputs.report": report,
     })

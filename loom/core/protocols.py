@@ -51,6 +51,9 @@ class SpeedModel(Protocol):
 
     def rate(self, job: Job, allocation: Allocation, topology: Topology) -> float: ...
 
+    # Optional: `prepare(specs, topology) -> list[JobSpec]` is called once before
+    # a run so a model can give jobs without a duration one (see EstimatorSpeed).
+
 
 POLICIES: Registry[type] = Registry(
     "policy",
@@ -62,4 +65,6 @@ PLACERS: Registry[type] = Registry(
     "loom.placers",
     ("loom.placement.first_fit", "loom.placement.best_fit", "loom.placement.gpu_packing"),
 )
-SPEED_MODELS: Registry[type] = Registry("speed model", "loom.speed_models", ("loom.sim.speed",))
+SPEED_MODELS: Registry[type] = Registry(
+    "speed model", "loom.speed_models", ("loom.sim.speed", "loom.sim.estimator_speed")
+)

@@ -63,6 +63,10 @@ class Simulation:
         self.topology = topology
         self.policy = policy
         self.round_interval = round_interval
+        speed = speed or TraceDurationSpeed()
+        prepare = getattr(speed, "prepare", None)
+        if prepare is not None:
+            specs = prepare(specs, topology)
         ordered = sorted(specs, key=lambda s: s.submit_time)
         self.jobs = [Job(spec, key) for key, spec in enumerate(ordered)]
         self.by_id = {job.job_id: job for job in self.jobs}
@@ -72,7 +76,7 @@ class Simulation:
         self.ctx = SchedulingContext(topology, ClusterState(topology), placer, {}, {}, {}, {},
                                      runtime_estimate=runtime_estimate)
         self.log: list[tuple[float, Decision]] | None = [] if log_decisions else None
-        self.backend = SimBackend(self.ctx, self.by_id, speed or TraceDurationSpeed(), self.events, self.log)
+        self.backend = SimBackend(self.ctx, self.by_id, speed, self.events, self.log)
         self.rejected: dict[str, str] = {}
         self._capacity: dict[tuple[str | None, ...], int] = {}
         self.health = NodeHealth(topology.node_gpus.tolist())
@@ -163,6 +167,12 @@ class Simulation:
         capacity = self._capacity.get(kinds)
         if capacity is None:
             capacity = self._capacity[kinds] = max(self.topology.max_gpus_of_type(k) for k in kinds)
+        if spec.duration is None:
+            job.state = JobState.REJECTED
+            job.reason = (f"no duration: the trace gives work (model '{spec.model}', {spec.iterations} iterations); "
+                          "use a speed model that derives time from work, e.g. --speed-model estimator")
+            self.rejected[job.job_id] = job.reason
+            return
         if spec.gpus > capacity:
             job.state = JobState.REJECTED
             pool = (f"{'/'.join(k for k in kinds if k)} GPUs of one type" if kinds != (None,)
