@@ -124,3 +124,15 @@ def test_plan_table_and_nothing_fits():
     res = runner.invoke(app, ["plan", "--gpu-type", "V100", "--gpus", "8", "--model", "llama2-70b",
                               "--global-batch", "64"])
     assert res.exit_code == 1 and "out of memory" in res.output and "0 feasible" in res.output
+
+
+def test_plan_lists_crius_cells_for_half_same_and_double_gpus():
+    res = CliRunner().invoke(app, ["plan", "--gpu-type", "A100-80GB", "--gpus", "8", "--model", "megatron-1.7b",
+                                   "--global-batch", "64", "--top", "2", "--json"])
+    assert res.exit_code == 0, res.output
+    cells = json.loads(res.output)["cells"]
+    assert {c["gpus"] for c in cells} == {4, 8, 16}
+    assert all(sum(c["stage_gpus"]) == c["gpus"] for c in cells)
+    feasible = [c for c in cells if c["estimate"]]
+    rates = [c["estimate"]["tokens_per_s"] for c in feasible]
+    assert rates == sorted(rates, reverse=True)

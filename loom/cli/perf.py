@@ -61,6 +61,7 @@ PrecisionOpt = Annotated[Precision, typer.Option("--precision", help="Compute pr
 NoFlash = Annotated[bool, typer.Option("--no-flash-attention", help="Materialise s×s attention scores.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
 Top = Annotated[int, typer.Option("--top", min=1, help="How many plans to list.")]
+Cells = Annotated[bool, typer.Option("--cells/--no-cells", help="Also list Crius Cells (N/2, N, 2N GPUs × stages).")]
 
 CUSTOM_FLAGS = ("--layers", "--hidden", "--heads", "--seq", "--vocab")
 
@@ -223,9 +224,27 @@ def estimate(
         _fail(best.reason)
 
 
-def _cells_section(result: Any, job: Any, hardware: Any) -> Table | None:
-    """HOOK: a Cells table for `loom plan` will be added here later. Returns None for now."""
-    return None
+def _cells_section(result: Any, job: Any, hardware: Any, gpus: int) -> Table | None:
+    """Crius Cells for this job on this GPU type: counts N/2, N, 2N × stages,
+    each with its grid-sampled estimate (per stage DP-only or TP-only)."""
+    from loom.perf.cells import build_cells
+
+    cells = build_cells(job, gpus, {hardware.gpu_type: hardware})
+    table = Table("GPUs×stages", "GPUs/stage", "layers/stage", "sides", "iter s", "tokens/s", "MFU", "note",
+                  title=f"Crius Cells for {gpus} requested {hardware.gpu_type} GPUs (grid-sampled estimates)")
+    for c in cells:
+        e = c.estimate
+        table.add_row(
+            f"{c.cell.gpus}×{c.cell.stages}",
+            _compact([p.gpus for p in c.parts]),
+            _compact([p.layers for p in c.parts]),
+            _compact(list(c.sides)) or "-",
+            f"{e.iteration_s:.3f}" if e else "-",
+            f"{e.tokens_per_s:,.0f}" if e else "-",
+            f"{e.mfu:.1%}" if e else "-",
+            c.reason if e is None else "",
+        )
+    return table
 
 
 @user_errors
@@ -235,6 +254,7 @@ def plan(
     micro_batch: MicroBatch = None, tp: Tp = None, pp: Pp = None, dp: Dp = None, vpp: Vpp = None, zero: Zero = None,
     recompute: RecomputeOpt = None, top: Top = 10, gpus_per_node: GpusPerNode = 8, nic_gbps: NicGbps = None,
     precision: PrecisionOpt = Precision.bf16, no_flash_attention: NoFlash = False, as_json: AsJson = False,
+    cells: Cells = True,
 ) -> None:
     """The fastest feasible plans (every knob not pinned is searched), best first."""
     spec = build_model(model, {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq, "vocab": vocab},
@@ -244,17 +264,38 @@ def plan(
     _check_pinned(job, gpus, knobs)
     result = _search(job, hardware, gpus, knobs, top=top)
     if as_json:
-        typer.echo(json.dumps({"considered": result.considered, "feasible": result.feasible, "reason": result.reason,
-                               "plans": [e.as_dict() for e in result.top]}, indent=2))
+        body = {"considered": result.considered, "feasible": result.feasible, "reason": result.reason,
+                "plans": [e.as_dict() for e in result.top]}
+        if cells:
+            body["cells"] = _cells_json(job, hardware, gpus)
+        typer.echo(json.dumps(body, indent=2))
     else:
-        _print_plans(job, hardware, gpus, result)
+        _print_plans(job, hardware, gpus, result, cells)
     if not result.top:
         if not as_json:
             _fail(result.reason)
         raise typer.Exit(1)
 
 
-def _print_plans(job: Any, hardware: Any, gpus: int, result: Any) -> None:
+def _compact(values: list[Any]) -> str:
+    """'8' for one stage, 'all 4' when equal, else '8/4/4'."""
+    if len(values) > 1 and len(set(values)) == 1:
+        return f"all {values[0]}"
+    return "/".join(str(v) for v in values)
+
+
+def _cells_json(job: Any, hardware: Any, gpus: int) -> list[dict[str, Any]]:
+    from loom.perf.cells import build_cells
+
+    return [
+        {"gpus": c.cell.gpus, "stages": c.cell.stages, "stage_gpus": [p.gpus for p in c.parts],
+         "stage_layers": [p.layers for p in c.parts], "sides": list(c.sides),
+         "estimate": c.estimate.as_dict() if c.estimate else None, "reason": c.reason}
+        for c in build_cells(job, gpus, {hardware.gpu_type: hardware})
+    ]
+
+
+def _print_plans(job: Any, hardware: Any, gpus: int, result: Any, show_cells: bool = True) -> None:
     numbers = [Column(h, justify="right", no_wrap=True) for h in ("iter s", "tokens/s", "TFLOP/s/GPU", "MFU", "GiB/GPU")]
     table = Table("#", "plan", *numbers, title=f"{job.model.name} on {gpus} × {hardware.gpu_type}: top {len(result.top)}")
     for rank, e in enumerate(result.top, 1):
@@ -262,7 +303,7 @@ def _print_plans(job: Any, hardware: Any, gpus: int, result: Any) -> None:
     if result.top:
         console.print(table)
     console.print(f"{result.considered:,} plans considered, {result.feasible:,} feasible", highlight=False)
-    cells = _cells_section(result, job, hardware)
+    cells = _cells_section(result, job, hardware, gpus) if show_cells else None
     if cells is not None:
         console.print(cells)
 
