@@ -59,6 +59,11 @@ GpusPerNode = Annotated[int, typer.Option("--gpus-per-node", min=1, help="GPUs p
 NicGbps = Annotated[float | None, typer.Option("--nic-gbps", help="Per-GPU scale-out bandwidth, Gb/s.")]
 PrecisionOpt = Annotated[Precision, typer.Option("--precision", help="Compute precision.")]
 NoFlash = Annotated[bool, typer.Option("--no-flash-attention", help="Materialise s×s attention scores.")]
+GradBytes = Annotated[int, typer.Option("--grad-bytes", min=1, max=4, help="DP gradient element size (4 = fp32).")]
+ActBytes = Annotated[int, typer.Option("--activation-bytes", min=1, max=4,
+                                       help="PP activation element size (1 = fp8).")]
+DpMinipods = Annotated[int, typer.Option("--dp-minipods", min=1, help="Minipods the widest DP group spans.")]
+PpMinipods = Annotated[int, typer.Option("--pp-minipods", min=1, help="Minipods the widest PP group spans.")]
 AsJson = Annotated[bool, typer.Option("--json", help="Machine-readable output on stdout.")]
 Top = Annotated[int, typer.Option("--top", min=1, help="How many plans to list.")]
 Cells = Annotated[bool, typer.Option("--cells/--no-cells", help="Also list Crius Cells (N/2, N, 2N GPUs × stages).")]
@@ -102,12 +107,20 @@ def build_model(model: str | None, shape: dict[str, int | None], ffn_hidden: int
 
 
 def build_inputs(gpu_type: str, gpus_per_node: int, nic_gbps: float | None, model: Any, global_batch: int,
-                 precision: Precision, no_flash: bool) -> tuple[Any, Any]:
+                 precision: Precision, no_flash: bool, grad_bytes: int = 2, activation_bytes: int = 2
+                 ) -> tuple[Any, Any]:
     from loom.perf.inputs import Hardware, TrainingJob
 
     hardware = Hardware(gpu_type, gpus_per_node=gpus_per_node, nic_gbps=nic_gbps)
-    job = TrainingJob(model, global_batch, precision=precision.value, flash_attention=not no_flash)
+    job = TrainingJob(model, global_batch, precision=precision.value, flash_attention=not no_flash,
+                      grad_bytes=grad_bytes, activation_bytes=activation_bytes)
     return job, hardware
+
+
+def build_placement(dp_minipods: int, pp_minipods: int) -> Any:
+    from loom.perf.inputs import Placement
+
+    return Placement(dp_minipods=dp_minipods, pp_minipods=pp_minipods)
 
 
 def _check_pinned(job: Any, gpus: int, knobs: Knobs) -> None:
@@ -123,13 +136,13 @@ def _check_pinned(job: Any, gpus: int, knobs: Knobs) -> None:
         raise PlanError(f"layers ({job.model.layers}) not divisible by pp·vpp = {pp}·{vpp}", field="pp")
 
 
-def _search(job: Any, hardware: Any, gpus: int, knobs: Knobs, top: int) -> Any:
+def _search(job: Any, hardware: Any, gpus: int, knobs: Knobs, top: int, placement: Any = None) -> Any:
     from loom.perf.inputs import PlanError
     from loom.perf.search import Choices, search_plans
 
     choices = Choices(tp=knobs.tp, pp=knobs.pp, dp=knobs.dp, micro_batch=knobs.micro_batch, vpp=knobs.vpp,
                       zero=knobs.zero, recompute=knobs.recompute)
-    result = search_plans(job, hardware, gpus, choices=choices, top=top)
+    result = search_plans(job, hardware, gpus, choices=choices, top=top, placement=placement or build_placement(1, 1))
     if not result.considered:
         raise PlanError(result.reason, field="plan")
     return result
@@ -147,7 +160,8 @@ def _fixed_knobs(job: Any, gpus: int, knobs: Knobs) -> Knobs:
     return Knobs(tp, pp, dp, knobs.micro_batch, vpp, knobs.zero, knobs.recompute)
 
 
-def resolve(job: Any, hardware: Any, gpus: int, knobs: Knobs, auto: bool) -> tuple[Any, str, list[str]]:
+def resolve(job: Any, hardware: Any, gpus: int, knobs: Knobs, auto: bool, placement: Any = None
+            ) -> tuple[Any, str, list[str]]:
     """(estimate or None, reason when nothing fits, knobs that were searched)."""
     from loom.core.plan import ParallelPlan
     from loom.perf.estimator import default_estimator
@@ -157,10 +171,10 @@ def resolve(job: Any, hardware: Any, gpus: int, knobs: Knobs, auto: bool) -> tup
         knobs = _fixed_knobs(job, gpus, knobs)
     searched = knobs.unset()
     if searched:
-        result = _search(job, hardware, gpus, knobs, top=1)
+        result = _search(job, hardware, gpus, knobs, top=1, placement=placement)
         return result.best, result.reason, searched
     values = [getattr(knobs, name) for name in ("dp", "tp", "pp", "micro_batch", "vpp", "zero", "recompute")]
-    estimate = default_estimator().estimate(job, hardware, ParallelPlan(*values))
+    estimate = default_estimator().estimate(job, hardware, ParallelPlan(*values), placement or build_placement(1, 1))
     return estimate, estimate.reason, []
 
 
@@ -204,13 +218,17 @@ def estimate(
     micro_batch: MicroBatch = None, tp: Tp = None, pp: Pp = None, dp: Dp = None, vpp: Vpp = None, zero: Zero = None,
     recompute: RecomputeOpt = None, plan: PlanOpt = None, gpus_per_node: GpusPerNode = 8, nic_gbps: NicGbps = None,
     precision: PrecisionOpt = Precision.bf16, no_flash_attention: NoFlash = False, as_json: AsJson = False,
+    grad_bytes: GradBytes = 2, activation_bytes: ActBytes = 2, dp_minipods: DpMinipods = 1,
+    pp_minipods: PpMinipods = 1,
 ) -> None:
     """Iteration time, throughput, MFU and memory of one plan; omitted knobs are searched."""
     spec = build_model(model, {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq, "vocab": vocab},
                        ffn_hidden)
-    job, hardware = build_inputs(gpu_type, gpus_per_node, nic_gbps, spec, global_batch, precision, no_flash_attention)
+    job, hardware = build_inputs(gpu_type, gpus_per_node, nic_gbps, spec, global_batch, precision, no_flash_attention,
+                                 grad_bytes, activation_bytes)
+    placement = build_placement(dp_minipods, pp_minipods)
     knobs = Knobs(tp, pp, dp, micro_batch, vpp, zero, recompute.value if recompute else None)
-    best, reason, searched = resolve(job, hardware, gpus, knobs, plan is PlanMode.auto)
+    best, reason, searched = resolve(job, hardware, gpus, knobs, plan is PlanMode.auto, placement)
     if as_json:
         out = best.as_dict() if best is not None else {"feasible": False, "reason": reason}
         typer.echo(json.dumps({**out, "searched": searched}, indent=2))
@@ -254,15 +272,18 @@ def plan(
     micro_batch: MicroBatch = None, tp: Tp = None, pp: Pp = None, dp: Dp = None, vpp: Vpp = None, zero: Zero = None,
     recompute: RecomputeOpt = None, top: Top = 10, gpus_per_node: GpusPerNode = 8, nic_gbps: NicGbps = None,
     precision: PrecisionOpt = Precision.bf16, no_flash_attention: NoFlash = False, as_json: AsJson = False,
-    cells: Cells = True,
+    cells: Cells = True, grad_bytes: GradBytes = 2, activation_bytes: ActBytes = 2, dp_minipods: DpMinipods = 1,
+    pp_minipods: PpMinipods = 1,
 ) -> None:
     """The fastest feasible plans (every knob not pinned is searched), best first."""
     spec = build_model(model, {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq, "vocab": vocab},
                        ffn_hidden)
-    job, hardware = build_inputs(gpu_type, gpus_per_node, nic_gbps, spec, global_batch, precision, no_flash_attention)
+    job, hardware = build_inputs(gpu_type, gpus_per_node, nic_gbps, spec, global_batch, precision, no_flash_attention,
+                                 grad_bytes, activation_bytes)
+    placement = build_placement(dp_minipods, pp_minipods)
     knobs = Knobs(tp, pp, dp, micro_batch, vpp, zero, recompute.value if recompute else None)
     _check_pinned(job, gpus, knobs)
-    result = _search(job, hardware, gpus, knobs, top=top)
+    result = _search(job, hardware, gpus, knobs, top=top, placement=placement)
     if as_json:
         body = {"considered": result.considered, "feasible": result.feasible, "reason": result.reason,
                 "plans": [e.as_dict() for e in result.top]}

@@ -199,7 +199,7 @@ class Estimator:
         if stage.tp > 1:
             calls = 4 + (2 if plan.recompute == "full" else 0)
             group = GroupShape(size=stage.tp, per_node=min(stage.tp, per_node))
-            tp_s = stage.layers * calls * self.comm.all_reduce(tokens * model.hidden * job.activation_bytes, group, links)
+            tp_s = stage.layers * calls * self.comm.all_reduce(tokens * model.hidden * job.tp_bytes, group, links)
         p2p_s = 0.0
         pp = plan.pp
         if pp > 1:

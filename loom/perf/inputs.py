@@ -32,7 +32,8 @@ class TrainingJob:
     global_batch: int
     precision: str = "bf16"  # compute precision: which peak applies
     grad_bytes: int = 2  # DP gradient element
-    activation_bytes: int = 2  # TP collectives and PP send/recv element
+    activation_bytes: int = 2  # PP send/recv element (1 = fp8 activations)
+    tp_bytes: int = 2  # TP collective element
     flash_attention: bool = True  # False: s×s attention scores are materialised
     overlap_dp: bool = True  # DP gradient sync overlaps the last backward pass
     fused_kernels: bool = True  # False: eager unfused norms/rotary/activations (e.g. HF Transformers)
@@ -43,7 +44,7 @@ class TrainingJob:
             raise LoomInputError(f"must be a positive integer, got {self.global_batch!r}", field="global_batch")
         if self.precision not in PRECISIONS:
             raise LoomInputError(f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}", field="precision")
-        for field in ("grad_bytes", "activation_bytes"):
+        for field in ("grad_bytes", "activation_bytes", "tp_bytes"):
             if getattr(self, field) not in (1, 2, 4):
                 raise LoomInputError(f"must be 1, 2 or 4 bytes, got {getattr(self, field)!r}", field=field)
 
