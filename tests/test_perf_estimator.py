@@ -239,3 +239,19 @@ def test_more_gpus_never_slower_than_communication_explains(size, gpus, gpu_type
     parts = dict(more.breakdown)
     communication = parts["tp_comm"] + parts["pp_comm"] + parts["dp_exposed"]
     assert more.iteration_s <= few.iteration_s + communication + 1e-9
+
+
+def test_hierarchical_zero_shards_within_groups():
+    """InternEvo-style: ZeRO state sharded within groups of k ranks costs more
+    memory than sharding over all of DP but keeps parameter gathers local."""
+    job = TrainingJob(preset("llama2-7b"), 128)
+    slow_net = Hardware("A100-80GB", nic_gbps=25.0)  # gathers over the NIC cannot hide behind compute
+    whole = EST.estimate(job, slow_net, ParallelPlan(dp=64, micro_batch=1, zero_stage=3, recompute="full"))
+    local = EST.estimate(
+        job, slow_net, ParallelPlan(dp=64, micro_batch=1, zero_stage=3, recompute="full", zero_shard=8)
+    )
+    none = EST.estimate(job, slow_net, ParallelPlan(dp=64, micro_batch=1, zero_stage=0, recompute="full"))
+    assert whole.memory_gib_per_gpu < local.memory_gib_per_gpu < none.memory_gib_per_gpu
+    assert local.iteration_s < whole.iteration_s
+    with pytest.raises(PlanError, match="shard"):
+        check_plan(job, ParallelPlan(dp=64, zero_stage=1, zero_shard=6), 64)
