@@ -198,3 +198,15 @@ def test_gpu_type_set_constraint_runs_on_one_type_of_the_set(hetero):
     assert len(kinds) == 1
     assert {hetero.node_names[n][0] for n in jobs["v100-only"].allocation.nodes} == {"v"}
     assert jobs["too-big"].state is JobState.REJECTED and "V100" in jobs["too-big"].reason
+
+
+def test_run_ends_when_a_stranded_job_last_stopped():
+    """A job evicted by a permanent failure never finishes; the run's end (and
+    its GPU-time accounting) stops at the eviction, not at the start."""
+    from loom.hardware.clos import clos
+
+    one = clos("one", minipods=1, nodes=1, gpus_per_node=1, gpu_type="A100-80GB")
+    result = simulate(one, [job("a", 0.0, 1, 2.0)], failures=[NodeFailure("node0", 1.0, float("inf"))])
+    (stranded,) = result.jobs
+    assert stranded.end_time is None and stranded.first_start == 0.0
+    assert result.end_time == 1.0

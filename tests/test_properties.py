@@ -148,8 +148,11 @@ def test_time_is_monotone_and_runs_last_their_duration(sc: Scenario) -> None:
                 assert span == pytest.approx(spec.duration, abs=tol), "migrations must not cost time"
         else:
             assert job.end_time is None
-    finished = [j.end_time for j in result.jobs if j.end_time is not None]
-    assert result.end_time == (max(finished) if finished else result.start_time)
+    # The run ends when the last job finishes or, for a job stranded by a
+    # permanent failure, when it last stopped (its GPU time counts until then).
+    ends = [j.end_time for j in result.jobs if j.end_time is not None]
+    ends += [by_job[j.job_id][-1][0] for j in result.jobs if j.end_time is None and j.first_start is not None]
+    assert result.end_time == (max(ends) if ends else result.start_time)
 
 
 # 6. Same seed, same result --------------------------------------------------------
