@@ -17,6 +17,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from loom.cli import perf as perf_cli
+from loom.cli import place as place_cli
 from loom.cli import report as report_cli
 from loom.cli import traces as traces_cli
 from loom.cli.errors import err_console, user_errors
@@ -28,6 +29,7 @@ app.add_typer(clusters_app, name="clusters")
 app.add_typer(traces_cli.app, name="traces")
 report_cli.register(app)
 perf_cli.register(app)
+place_cli.register(app)
 console = Console()
 
 

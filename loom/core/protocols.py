@@ -63,7 +63,13 @@ POLICIES: Registry[type] = Registry(
 PLACERS: Registry[type] = Registry(
     "placer",
     "loom.placers",
-    ("loom.placement.first_fit", "loom.placement.best_fit", "loom.placement.gpu_packing"),
+    (
+        "loom.placement.first_fit",
+        "loom.placement.best_fit",
+        "loom.placement.gpu_packing",
+        "loom.placement.random_fit",
+        "loom.placement.topo_aware", "loom.placement.arnold.placer",
+    ),
 )
 SPEED_MODELS: Registry[type] = Registry(
     "speed model", "loom.speed_models", ("loom.sim.speed", "loom.sim.estimator_speed")

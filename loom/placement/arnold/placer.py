@@ -1,0 +1,82 @@
+"""Arnold behind the core's placer protocol, so simulations can use it.
+
+A job is placed topology-aligned when it takes whole nodes (GPUs a multiple
+of the node size, at least `min_nodes` nodes); smaller jobs go to best-fit.
+Its parallel shape is the job's model's best plan from the estimator when the
+trace names a `loom.perf` preset, else TP = the node size and PP = 1 (a
+documented default: such jobs have only DP groups to align). The returned
+allocation lists nodes in rank order, which is how the simulator and the live
+launcher hand ranks out.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+
+from loom.core.protocols import PLACERS
+from loom.hardware.state import Allocation, ClusterState
+from loom.placement.arnold.problem import JobShape
+from loom.placement.best_fit import BestFit
+from loom.workload.job import JobSpec
+
+
+@PLACERS.register("arnold")
+class ArnoldPlacer:
+    name = "arnold"
+
+    def __init__(self, alpha: float = 0.3, time_limit_s: float = 0.5, min_nodes: int = 2, seed: int = 0) -> None:
+        self.alpha = alpha
+        self.time_limit_s = time_limit_s
+        self.min_nodes = min_nodes
+        self.seed = seed
+        self.fallback = BestFit()
+
+    def place(self, job: JobSpec, gpus: int, state: ClusterState, allowed: np.ndarray | None = None
+              ) -> Allocation | None:
+        from loom.placement.arnold.solver import arnold_place
+
+        topo = state.topology
+        for type_id in range(len(topo.gpu_types)):
+            per_node = int(topo.node_gpus[topo.node_type == type_id].max()) if (topo.node_type == type_id).any() else 0
+            if per_node == 0 or gpus % per_node or gpus // per_node < self.min_nodes:
+                continue
+            if job.gpu_type is not None and topo.gpu_types[type_id] != job.gpu_type:
+                continue
+            whole = (state.free == topo.node_gpus) & (topo.node_type == type_id) & (topo.node_gpus == per_node)
+            if allowed is not None:
+                whole &= allowed
+            free = np.flatnonzero(whole)
+            if len(free) < gpus // per_node:
+                continue
+            shape = _shape_for(job.model or "", gpus, per_node, topo.gpu_types[type_id])
+            result = arnold_place(shape, topo, free, self.alpha, time_limit_s=self.time_limit_s, seed=self.seed)
+            nodes = _rank_order(result.grid)
+            return Allocation(tuple(nodes), (per_node,) * len(nodes))
+        return self.fallback.place(job, gpus, state, allowed)
+
+
+def _rank_order(grid: np.ndarray) -> list[int]:
+    """Nodes in global-rank order: stage by stage (columns), replicas within."""
+    return [int(n) for n in grid.T.ravel()]
+
+
+@lru_cache(maxsize=4096)
+def _shape_for(model: str, gpus: int, per_node: int, gpu_type: str) -> JobShape:
+    from loom.errors import LoomInputError
+    from loom.perf import preset, preset_names
+    from loom.perf.inputs import Hardware, TrainingJob
+    from loom.perf.search import Choices, search_plans
+
+    if model in preset_names():
+        try:
+            spec = preset(model)
+            job = TrainingJob(spec, max(gpus, 512) // gpus * gpus)
+            best = search_plans(job, Hardware(gpu_type, gpus_per_node=per_node), gpus, choices=Choices(vpp=1),
+                                top=1).best
+            if best is not None and (best.plan.dp * best.plan.tp) % per_node == 0 and best.plan.tp <= per_node:
+                return JobShape(best.plan.dp, best.plan.tp, best.plan.pp, per_node)
+        except LoomInputError:
+            pass
+    return JobShape(gpus // per_node, per_node, 1, per_node)
