@@ -105,3 +105,14 @@ def test_table1_benchmark_writes_its_outputs(tmp_path):
     assert summary["mean_ratio"] >= 1.0 and not summary["arnold_worse"]
     for name in ("rows.csv", "table.md", "figure.png", "summary.json"):
         assert (tmp_path / name).stat().st_size > 0
+
+
+def test_report_draws_pp_groups_for_jobs_with_a_plan():
+    from loom.report.html import _group_figure
+
+    topo = clos("t", minipods=2, nodes=8, gpus_per_node=8, gpu_type="H800", nodes_per_leaf=2)
+    nodes = {name: 8 for name in topo.node_names[:4]}
+    png = _group_figure(topo, {"job": "x", "nodes": nodes, "plan": "2x8x2"})
+    assert png is not None and png[:4] == b"\x89PNG"
+    assert _group_figure(topo, {"job": "y", "nodes": nodes, "plan": None}) is None
+    assert _group_figure(topo, {"job": "z", "nodes": nodes, "plan": "4x8x1"}) is None

@@ -316,7 +316,7 @@ def placements(run: RunData, n: int = 5) -> list[dict[str, Any]]:
             node, _, g = item.rpartition(":")
             alloc[node] = alloc.get(node, 0) + int(g)
         out.append({"job": row["job_id"], "gpus": row["gpus"], "nodes": alloc, "time": d["time"],
-                    "decision": d["decision"]})
+                    "decision": d["decision"], "plan": d.get("plan")})
     return out
 
 

@@ -12,7 +12,8 @@ from loom.hardware.topology import Topology
 
 def decision_frame(decisions: list[tuple[float, Decision]], topology: Topology) -> pl.DataFrame:
     names = topology.node_names
-    cols: dict[str, list] = {"time": [], "decision": [], "job": [], "gpus": [], "nodes": [], "reason": []}
+    cols: dict[str, list] = {"time": [], "decision": [], "job": [], "gpus": [], "nodes": [], "plan": [],
+                             "reason": []}
     for when, d in decisions:
         alloc = getattr(d, "allocation", None)
         nodes = getattr(d, "nodes", None)
@@ -26,9 +27,11 @@ def decision_frame(decisions: list[tuple[float, Decision]], topology: Topology) 
             cols["nodes"].append([names[n] for n in nodes])
         else:
             cols["nodes"].append(None)
+        plan = getattr(d, "plan", None)
+        cols["plan"].append(None if plan is None else f"{plan.dp}x{plan.tp}x{plan.pp}")  # dp×tp×pp
         cols["reason"].append(d.reason)
     return pl.DataFrame(cols, schema={"time": pl.Float64, "decision": pl.Utf8, "job": pl.Utf8, "gpus": pl.Int64,
-                                      "nodes": pl.List(pl.Utf8), "reason": pl.Utf8})
+                                      "nodes": pl.List(pl.Utf8), "plan": pl.Utf8, "reason": pl.Utf8})
 
 
 def write_decision_log(decisions: list[tuple[float, Decision]], topology: Topology, path: Path) -> None:

@@ -67,9 +67,36 @@ def figures(run: D.RunData) -> dict[str, Any]:
         heat = D.occupancy_heatmap(run, topology, HEATMAP_BINS)
         if heat is not None:
             figs["heatmap"] = plots.heatmap_figure(heat)
-        figs["placements"] = [(p["job"], plots.placement_figure(topology, p))
+        figs["placements"] = [(p["job"], _group_figure(topology, p) or plots.placement_figure(topology, p))
                               for p in D.placements(run, PLACEMENT_JOBS)]
     return figs
+
+
+def _group_figure(topology: Any, placement: dict[str, Any]) -> bytes | None:
+    """For a job with a known dp×tp×pp plan on whole nodes: the Arnold picture
+    (nodes coloured by PP group, in rank order); None otherwise."""
+    plan = placement.get("plan")
+    if not plan:
+        return None
+    import numpy as np
+
+    from loom.errors import LoomInputError
+    from loom.placement.arnold.plot import draw
+    from loom.placement.arnold.problem import JobShape
+
+    dp, tp, pp = (int(x) for x in plan.split("x"))
+    nodes = [topology.node_index[n] for n in placement["nodes"] if n in topology.node_index]
+    per_node = {int(topology.node_gpus[n]) for n in nodes}
+    if len(per_node) != 1 or pp < 2:
+        return None
+    try:
+        shape = JobShape(dp, tp, pp, per_node.pop())
+    except LoomInputError:
+        return None
+    if shape.nodes != len(nodes):
+        return None
+    grid = np.asarray(nodes, dtype=np.int64).reshape(shape.cols, shape.rows).T
+    return plots.to_png(draw(grid, shape, topology, title=f"job {placement['job']}: dp{dp}·tp{tp}·pp{pp}"))
 
 
 def _topology(run: D.RunData) -> Any:
