@@ -83,6 +83,7 @@ def _group_figure(topology: Any, placement: dict[str, Any]) -> bytes | None:
     from loom.errors import LoomInputError
     from loom.placement.arnold.plot import draw
     from loom.placement.arnold.problem import JobShape
+    from loom.report import plots
 
     dp, tp, pp = (int(x) for x in plan.split("x"))
     nodes = [topology.node_index[n] for n in placement["nodes"] if n in topology.node_index]
