@@ -116,3 +116,17 @@ def test_report_draws_pp_groups_for_jobs_with_a_plan():
     assert png is not None and png[:4] == b"\x89PNG"
     assert _group_figure(topo, {"job": "y", "nodes": nodes, "plan": None}) is None
     assert _group_figure(topo, {"job": "z", "nodes": nodes, "plan": "4x8x1"}) is None
+
+
+def test_communication_matrix_carries_appendix_c_volumes():
+    from loom.perf import preset
+    from loom.placement.arnold.problem import JobShape, communication_matrix
+
+    shape = JobShape(16, 4, 4)
+    model = preset("arnold-24b-dense")
+    m = communication_matrix(shape, model, micro_batch=2)
+    assert m.shape == (8, 4, 3)
+    assert (m[:, 0, 1] > m[:, 1, 1]).all() and (m[:, 3, 1] > m[:, 2, 1]).all()
+    assert m[0, 1, 2] == 2 * 2 * model.seq_len * model.hidden * 2 / 4
+    assert m[:, :, 0].sum() * shape.tp / shape.rows == pytest.approx(
+        model.total_params() + model.embedding_params() - model.norm_params(), rel=1e-9)

@@ -158,3 +158,30 @@ def hostfile(grid: np.ndarray, shape: JobShape, topology: Topology) -> str:
         if not seen or seen[-1] != node:
             seen.append(node)
     return "".join(f"{topology.node_names[n]} slots={shape.gpus_per_node}\n" for n in seen)
+
+
+def communication_matrix(shape: JobShape, model: object, micro_batch: int = 1, grad_bytes: int = 2,
+                         activation_bytes: int = 2) -> np.ndarray:
+    """[rows, cols, 3] per matrix node: (v_w, v_d, v_p) per GPU of that node.
+
+    Arnold Appendix C: v_w = the stage's parameters / TP; v_d = its DP volume
+    (the stage's parameters / TP × bytes; the embedding only on the first and
+    last stages); v_p = the PP volume per micro-batch, 2·mb·s·h × bytes / TP
+    (each TP rank sends its shard). `model` is a `loom.perf.ModelSpec`.
+    """
+    from loom.perf.model import ModelSpec
+
+    if not isinstance(model, ModelSpec) or model.kind != "transformer":
+        raise LoomInputError("the communication matrix needs a transformer ModelSpec", field="model")
+    if model.layers % shape.pp:
+        raise LoomInputError(f"layers ({model.layers}) not divisible by PP {shape.pp}", field="pp")
+    per_layer = (model.total_params() - model.embedding_params() - model.norm_params()) / model.layers
+    stage = model.layers // shape.pp * per_layer
+    embedding = float(model.embedding_params())
+    out = np.empty((shape.rows, shape.cols, 3))
+    for c in range(shape.cols):
+        params = stage + (embedding if c in (0, shape.cols - 1) else 0.0)
+        out[:, c, 0] = params / shape.tp
+        out[:, c, 1] = params / shape.tp * grad_bytes
+        out[:, c, 2] = 2.0 * micro_batch * model.seq_len * model.hidden * activation_bytes / shape.tp
+    return out
