@@ -130,3 +130,15 @@ def test_communication_matrix_carries_appendix_c_volumes():
     assert m[0, 1, 2] == 2 * 2 * model.seq_len * model.hidden * 2 / 4
     assert m[:, :, 0].sum() * shape.tp / shape.rows == pytest.approx(
         model.total_params() + model.embedding_params() - model.norm_params(), rel=1e-9)
+
+
+def test_arnold_placer_reports_the_plan_it_aligned_for(tmp_path):
+    from loom.report.decision_log import decision_frame
+
+    topo = clos("t", minipods=2, nodes=8, gpus_per_node=8, gpu_type="H800", nodes_per_leaf=2)
+    specs = [job("llm", 0.0, 32, 100.0, model="arnold-24b-dense")]
+    result = Simulation(topo, specs, POLICIES.get("fcfs")(), PLACERS.get("arnold")()).run()
+    frame = decision_frame(result.decisions, topo)
+    (plan,) = frame.filter(frame["decision"] == "start")["plan"].to_list()
+    dp, tp, pp = (int(x) for x in plan.split("x"))
+    assert dp * tp * pp == 32

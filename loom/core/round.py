@@ -56,6 +56,9 @@ class RoundPlan:
         """Place and record Start (or Resume for a preempted job); None if it does not fit."""
         alloc = self.place(job)
         if alloc is not None:
+            if plan is None:  # a placer that shaped the job (Arnold) says how
+                plan_for = getattr(self.placer, "plan_for", None)
+                plan = plan_for(job.spec, alloc) if plan_for is not None else None
             self.start(job, alloc, reason, plan)
         return alloc
 

@@ -15,6 +15,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from loom.core.plan import ParallelPlan
 from loom.core.protocols import PLACERS
 from loom.hardware.state import Allocation, ClusterState
 from loom.placement.arnold.problem import JobShape
@@ -32,6 +33,7 @@ class ArnoldPlacer:
         self.min_nodes = min_nodes
         self.seed = seed
         self.fallback = BestFit()
+        self._shapes: dict[str, JobShape] = {}  # job → shape of its last placement, until started
 
     def place(self, job: JobSpec, gpus: int, state: ClusterState, allowed: np.ndarray | None = None
               ) -> Allocation | None:
@@ -53,8 +55,16 @@ class ArnoldPlacer:
             shape = _shape_for(job.model or "", gpus, per_node, topo.gpu_types[type_id])
             result = arnold_place(shape, topo, free, self.alpha, time_limit_s=self.time_limit_s, seed=self.seed)
             nodes = _rank_order(result.grid)
+            self._shapes[job.job_id] = shape
             return Allocation(tuple(nodes), (per_node,) * len(nodes))
         return self.fallback.place(job, gpus, state, allowed)
+
+    def plan_for(self, job: JobSpec, allocation: Allocation) -> ParallelPlan | None:
+        """The dp×tp×pp shape this placer aligned the job's nodes for."""
+        shape = self._shapes.pop(job.job_id, None)
+        if shape is None or shape.gpus != allocation.total:
+            return None
+        return ParallelPlan(dp=shape.dp, tp=shape.tp, pp=shape.pp)
 
 
 def _rank_order(grid: np.ndarray) -> list[int]:

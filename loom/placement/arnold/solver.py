@@ -217,7 +217,16 @@ def _solve_counts(n_units: int, size: int, cap: np.ndarray, w_other: int, w_unit
             m.Add(keys[i] >= keys[i + 1])
     # lexicographic tie-break: fewer minipods used among equal-proxy solutions
     big = J + 1
-    m.Minimize(big * (w_other * sum(y) + w_unit * T) + sum(y))
+    objective = big * (w_other * sum(y) + w_unit * T) + sum(y)
+    # The case split once more, on the full objective: when w_other = 0 (α = 0
+    # with PP units) the bound above says nothing about Σy, and proving the
+    # tie-break optimal turned into a bin-packing proof that timed out.
+    if k_whole is None:
+        m.Add(objective >= big * bound + k_cap)
+    else:
+        m.Add(objective >= min(big * (w_other * k_whole + w_unit) + k_whole,
+                               big * (w_other * k_cap + w_unit * 2) + k_cap))
+    m.Minimize(objective)
     # hint: the greedy solution, rows sorted to satisfy the symmetry breaking
     h = hint[:, pods]
     h = h[np.lexsort([-h[:, k] for k in reversed(range(J))])] if J else h
@@ -307,7 +316,10 @@ def arnold_place(shape: JobShape, topology: Topology, free: np.ndarray, alpha: f
 
     greedy = min([_greedy_counts(n_units, size, cap, wf) for wf in (False, True)] + [_whole_counts(n_units, size, cap)],
                  key=lambda g: _proxy(g, w_other, w_unit))
-    counts, status, proved = _solve_counts(n_units, size, cap, w_other, w_unit, greedy, time_limit_s, seed)
+    # `time_limit_s` bounds the whole call: CP-SAT gets what model building and
+    # the local search leave of it.
+    budget = time_limit_s - (time.perf_counter() - t0) - (LS_TIME_S if local_search else 0.0)
+    counts, status, proved = _solve_counts(n_units, size, cap, w_other, w_unit, greedy, max(budget, 0.05), seed)
     if counts is None:
         counts, status = greedy, f"time limit: {status}; greedy fallback"
     mip_objective = _proxy(counts, w_other, w_unit)[0] / SCALE
