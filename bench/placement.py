@@ -31,8 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
+from loom.errors import LoomInputError
 from loom.hardware.clos import clos
 from loom.hardware.clusters import load_cluster
 from loom.placement.arnold.baselines import baseline_grid
@@ -62,11 +61,10 @@ def table(header: list[str], rows: list[list[object]], align: str = "") -> None:
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-        mem = next(int(x.split()[1]) for x in open("/proc/meminfo") if x.startswith("MemTotal")) / 2**20
+        info = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = next((x.split(":", 1)[1].strip() for x in info if x.startswith("model name")), cpu)
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        mem = next(int(x.split()[1]) for x in meminfo if x.startswith("MemTotal")) / 2**20
     except (OSError, StopIteration):
         mem = float("nan")
     return (f"Machine: {cpu}, {os.cpu_count()} cores, {mem:.1f} GiB RAM, {platform.system()} "
@@ -89,7 +87,8 @@ def quality(occupancies: int, out: Path) -> None:
     # per-setting ratio of means and instance ratios
     import csv
 
-    rows = list(csv.DictReader(open(out / "rows.csv")))
+    with open(out / "rows.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
     inst: dict[tuple[str, str, str], dict[str, float]] = {}
     for r in rows:
         inst.setdefault((r["setting"], r["alpha"], r["seed"]), {})[r["placer"]] = float(r["weighted_spread"])
@@ -122,6 +121,9 @@ OPT_CASES = (  # cluster, DP, TP, PP, busy fraction
     ("arnold-ii", 16, 4, 2, 0.9),
     ("arnold-ii", 24, 4, 2, 0.9),
     ("arnold-ii", 32, 4, 2, 0.9),
+    ("arnold-ii", 8, 4, 8, 0.9),  # PP 8: longer PP groups
+    ("arnold-ii", 24, 4, 8, 0.5),  # the full setting-(ii) job, 96 nodes
+    ("arnold-ii", 24, 4, 8, 0.7),
 )
 
 
@@ -198,7 +200,8 @@ def latency(repeat: int) -> None:
     for label, topo, shape, occ, floor in cases:
         free = free_nodes(occupy(topo, occ, 0))
         for alpha in (0.0, 0.3, 0.5, 1.0):
-            med, worst, res = timed(lambda: arnold_place(shape, topo, free, alpha, time_limit_s=1.0), repeat)
+            med, worst, res = timed(lambda sh=shape, t=topo, f=free, a=alpha: arnold_place(sh, t, f, a, time_limit_s=1.0),
+                                    repeat)
             s = res.score
             rows.append([label, shape.nodes, occ, alpha, f"{med:.3f}", f"{worst:.3f}", f"≤ {floor:g} s",
                          "yes" if med <= floor else "**no**", f"{s.dp_max_spread}/{s.pp_max_spread}",
@@ -213,11 +216,11 @@ def latency(repeat: int) -> None:
     sizes = (16, 32, 64, 128, 256, 512, 1024)
     for nodes in sizes:
         shape = JobShape(nodes // 8, 8, 8, 8)  # rows = DP·TP/8 = DP, cols = PP = 8
-        med, worst, res = timed(lambda: arnold_place(shape, big, free_big, 0.3, time_limit_s=1.0), repeat)
+        med, worst, res = timed(lambda sh=shape: arnold_place(sh, big, free_big, 0.3, time_limit_s=1.0), repeat)
         curve.append((nodes, med))
         log(f"curve {nodes} nodes: {med:.3f} s")
         ex = None
-        if nodes <= 256:
+        if nodes <= 512:
             t1 = time.perf_counter()
             e = exact_place(shape, big, free_big, 0.3, time_limit_s=60.0)
             ex = (time.perf_counter() - t1, e.optimal, e.score.weighted_spread)
@@ -231,7 +234,7 @@ def latency(repeat: int) -> None:
         free = free_nodes(occupy(topo, busy, 0))
         if len(free) < shape.nodes:
             continue
-        med, worst, res = timed(lambda: arnold_place(shape, topo, free, 0.3, time_limit_s=1.0), repeat)
+        med, worst, res = timed(lambda sh=shape, t=topo, f=free: arnold_place(sh, t, f, 0.3, time_limit_s=1.0), repeat)
         t1 = time.perf_counter()
         e = exact_place(shape, topo, free, 0.3, time_limit_s=60.0)
         ex_rows.append((f"{cluster}, busy {busy}", shape, med, worst, res.score.weighted_spread,
@@ -291,8 +294,10 @@ def e2e(seeds: int) -> None:
     hw = Hardware("H800")
     est = default_estimator()
     big = clos("big", minipods=16, nodes=2048)
-    scenarios = [("arnold-ii", load_cluster("arnold-ii"), 26, 0.5, 26 * 40),
-                 ("clos big 2,048", big, 1200, 0.4, 1200 * 8)]
+    ii = load_cluster("arnold-ii")
+    # 1,200 of 2,048 nodes cannot fit at busy 0.5 (1,024 free): 0.4 (1,229 free) and 0.3
+    scenarios = [("arnold-ii", ii, 26, 0.5, 26 * 40), ("arnold-ii", ii, 26, 0.7, 26 * 40),
+                 ("clos big 2,048", big, 1200, 0.4, 1200 * 8), ("clos big 2,048", big, 1200, 0.3, 1200 * 8)]
     rows, notes = [], []
     for model in ("arnold-24b-dense", "arnold-24b-moe"):
         spec = preset(model)
@@ -303,8 +308,8 @@ def e2e(seeds: int) -> None:
             best = search_plans(job, hw, gpus, choices=Choices(tp=8, vpp=1), top=1).best
             if best is not None:
                 plans.append(("search (tp 8)", best.plan))
-            for pp in (4, 8):
-                if nodes % pp == 0:
+            for pp in (2, 4):
+                if nodes % pp == 0 and spec.layers % pp == 0:
                     dp = gpus // 8 // pp
                     plans.append(("fixed", ParallelPlan(dp=dp, tp=8, pp=pp, micro_batch=1,
                                                          zero_stage=1, recompute="selective")))
@@ -313,6 +318,7 @@ def e2e(seeds: int) -> None:
                 r1, r2 = ratios(spec, plan.tp, plan.pp, plan.micro_batch, 2, 2)
                 alpha, _, entry = affinity_for("H800", r1, r2)
                 ta, tb, sa, sb = [], [], [], []
+                fits = est.estimate(job, hw, plan, Placement()).feasible
                 for seed in range(seeds):
                     state = occupy(topo, busy, seed)
                     free = free_nodes(state)
@@ -325,7 +331,7 @@ def e2e(seeds: int) -> None:
                         pl = Placement(dp_minipods=s.dp_max_spread, pp_minipods=s.pp_max_spread)
                         try:
                             acc.append(est.estimate(job, hw, plan, pl).iteration_s)
-                        except Exception as exc:  # plan infeasible for this job
+                        except LoomInputError as exc:  # plan invalid for this job (e.g. layers % pp)
                             notes.append(f"{model} {plan}: {exc}")
                             break
                         sp.append((s.dp_max_spread, s.pp_max_spread))
@@ -334,16 +340,18 @@ def e2e(seeds: int) -> None:
                 gains = [b_ / a_ - 1 for a_, b_ in zip(ta, tb)]
                 pk = est.estimate(job, hw, plan, Placement()).iteration_s
                 rows.append([model, f"{gpus:,} ({cname}, busy {busy})", how,
-                             f"dp{plan.dp} tp{plan.tp} pp{plan.pp} mb{plan.micro_batch}", f"{alpha:.2f}",
+                             f"dp{plan.dp} tp{plan.tp} pp{plan.pp} mb{plan.micro_batch}" + ("" if fits else " (OOM)"),
+                             f"{alpha:.2f} ({entry.name})",
                              _spreads(sa), _spreads(sb), f"{pk:.3f}", f"{statistics.fmean(ta):.3f}",
                              f"{statistics.fmean(tb):.3f}", f"{100 * statistics.fmean(gains):+.2f}%",
-                             f"{100 * max(gains):+.2f}%"])
+                             f"{100 * max(gains):+.2f}%", f"{100 * (statistics.fmean(tb) / pk - 1):+.2f}%"])
                 log(f"e2e {model} {gpus} {how}: gain {100 * statistics.fmean(gains):+.2f}%")
     print(f"Global batch 40 sequences per node at 208 GPUs (1,040) and 8 per node at 9,600 GPUs (9,600); "
           f"bf16; α from `affinity_for('H800', *ratios(model, tp, pp, mb, 2, 2))`; occupancy seeds 0..{seeds - 1}; "
           f"`Placement(dp_minipods=DP max spread, pp_minipods=PP max spread)`.\n")
     table(["model", "GPUs", "plan from", "plan", "α", "Arnold DP/PP spread", "best-fit DP/PP spread",
-           "packed s", "Arnold s", "best-fit s", "mean gain", "max gain"], rows, "lllllllrrrrr")
+           "packed s", "Arnold s", "best-fit s", "mean gain", "max gain", "best-fit / packed − 1"], rows,
+          "lllllllrrrrrr")
     for n in sorted(set(notes))[:5]:
         print(f"- skipped: {n}")
 
@@ -351,7 +359,7 @@ def e2e(seeds: int) -> None:
 def _spreads(pairs: list[tuple[int, int]]) -> str:
     d = [p[0] for p in pairs]
     q = [p[1] for p in pairs]
-    rng = lambda v: f"{min(v)}" if min(v) == max(v) else f"{min(v)}–{max(v)}"  # noqa: E731
+    rng = lambda v: f"{min(v)}" if min(v) == max(v) else f"{min(v)}–{max(v)}"
     return f"{rng(d)}/{rng(q)}"
 
 
