@@ -76,3 +76,77 @@ def test_simulation_runs_jobs_for_their_derived_duration(arena):
     derived = {s.job_id: s.duration for s in speed.prepare(specs, arena)}
     for job in result.jobs:
         assert job.end_time - job.first_start == pytest.approx(derived[job.job_id])
+
+
+# -- placement, plan, interference, model rule ------------------------------------
+from types import SimpleNamespace  # noqa: E402
+
+from loom.core.plan import ParallelPlan  # noqa: E402
+from loom.hardware.clos import clos  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def two_pods():
+    return clos("two", minipods=2, nodes=8, gpus_per_node=8, gpu_type="H800", nodes_per_leaf=2)
+
+
+def llm(jid="l", gpus=32, model="llama2-13b", duration=1000.0):
+    return JobSpec(job_id=jid, submit_time=0.0, gpus=gpus, duration=duration, gpu_type="H800", model=model,
+                   batch_size=256)
+
+
+def test_spread_over_minipods_runs_slower_than_packed(two_pods):
+    speed = EstimatorSpeed()
+    job = Job(llm(), 0)
+    job.plan = ParallelPlan(dp=2, tp=8, pp=2, micro_batch=1, zero_stage=1)  # one node per (stage, replica)
+    packed = speed.rate(job, Allocation((0, 1, 2, 3), (8, 8, 8, 8)), two_pods)
+    pp_across = speed.rate(job, Allocation((0, 1, 4, 5), (8, 8, 8, 8)), two_pods)  # stage 0 in mp0, stage 1 in mp1
+    assert pp_across < packed
+    blind = EstimatorSpeed(placement_aware=False)
+    assert blind.rate(job, Allocation((0, 1, 4, 5), (8, 8, 8, 8)), two_pods) == pytest.approx(
+        blind.rate(job, Allocation((0, 1, 2, 3), (8, 8, 8, 8)), two_pods))
+
+
+def test_the_jobs_own_plan_is_priced(two_pods):
+    speed = EstimatorSpeed()
+    job = Job(llm(), 0)
+    alloc = Allocation((0, 1, 2, 3), (8, 8, 8, 8))
+    best = speed.rate(job, alloc, two_pods)
+    job.plan = ParallelPlan(dp=32, tp=1, pp=1, micro_batch=1, zero_stage=3, recompute="full")
+    assert speed.rate(job, alloc, two_pods) < best
+
+
+def test_interference_from_other_cross_minipod_jobs(two_pods):
+    job = Job(llm("a", gpus=16), 0)
+    other = Job(llm("b", gpus=16), 1)
+    other.allocation = Allocation((2, 6), (8, 8))
+    ctx = SimpleNamespace(running={"b": other})
+    alloc = Allocation((0, 4), (8, 8))
+    quiet, busy = EstimatorSpeed(), EstimatorSpeed()
+    busy.bind(ctx)
+    assert busy.rate(job, alloc, two_pods) < quiet.rate(job, alloc, two_pods)
+    assert quiet.rate(job, alloc, two_pods) / busy.rate(job, alloc, two_pods) <= 1.0 / (1 - 0.05) + 1e-9
+    off = EstimatorSpeed(interference=0.0)
+    off.bind(ctx)
+    assert off.rate(job, alloc, two_pods) == pytest.approx(quiet.rate(job, alloc, two_pods))
+
+
+def test_trace_jobs_keep_trace_semantics_or_get_a_model_by_size(two_pods):
+    spec = JobSpec(job_id="t", submit_time=0.0, gpus=16, duration=500.0)
+    job = Job(spec, 0)
+    twice = Allocation((0, 1, 2, 3), (8, 8, 8, 8))
+    assert EstimatorSpeed().rate(job, twice, two_pods) == pytest.approx(2.0)  # trace: rate ∝ GPUs
+    by_size = EstimatorSpeed(trace_models="by-size")
+    assert by_size.model_of(spec) == "llama2-13b"
+    assert by_size.rate(job, Allocation((0, 1), (8, 8)), two_pods) == pytest.approx(1.0)
+    assert 1.0 < by_size.rate(job, twice, two_pods) <= 2.0 + 1e-9  # the estimator's scaling: never superlinear
+    job.plan = ParallelPlan(dp=1, tp=8, pp=2, micro_batch=1, zero_stage=1)
+    assert by_size.rate(job, Allocation((0, 4), (8, 8)), two_pods) < by_size.rate(job, Allocation((0, 1), (8, 8)),
+                                                                                   two_pods)
+
+
+def test_bad_speed_model_parameters_name_the_field():
+    with pytest.raises(LoomInputError, match="trace_models"):
+        EstimatorSpeed(trace_models="guess")
+    with pytest.raises(LoomInputError, match="interference"):
+        EstimatorSpeed(interference=1.5)

@@ -21,12 +21,15 @@ from loom.hardware.topology import Topology
 from loom.perf.inputs import Placement
 
 
-def placement_of(nodes: Sequence[int], plan: ParallelPlan, topology: Topology) -> Placement:
-    """Spread of `plan`'s DP and PP groups when its ranks fill `nodes` in order."""
+def placement_of(
+    nodes: Sequence[int], plan: ParallelPlan, topology: Topology, gpus: Sequence[int] | None = None
+) -> Placement:
+    """Spread of `plan`'s DP and PP groups when its ranks fill `nodes` in order
+    (`gpus[i]` ranks on nodes[i]; all of each node's GPUs by default)."""
     if not len(nodes):
         raise LoomInputError("a placement needs at least one node", field="nodes")
     node_ids = np.asarray(nodes, dtype=np.int64)
-    per_node = topology.node_gpus[node_ids]
+    per_node = topology.node_gpus[node_ids] if gpus is None else np.asarray(gpus, dtype=np.int64)
     rank_node = np.repeat(node_ids, per_node)
     if rank_node.size < plan.world_size:
         raise LoomInputError(

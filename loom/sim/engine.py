@@ -77,6 +77,9 @@ class Simulation:
                                      runtime_estimate=runtime_estimate)
         self.log: list[tuple[float, Decision]] | None = [] if log_decisions else None
         self.backend = SimBackend(self.ctx, self.by_id, speed, self.events, self.log)
+        bind = getattr(speed, "bind", None)
+        if bind is not None:  # optional hook: models that read the live context (interference)
+            bind(self.ctx)
         self.rejected: dict[str, str] = {}
         self._capacity: dict[tuple[str | None, ...], int] = {}
         self.health = NodeHealth(topology.node_gpus.tolist())

@@ -1,21 +1,32 @@
-"""Speed from the performance estimator, for traces that give work, not time.
+"""Speed from the performance estimator: time from work, rate from what a job got.
 
 Crius/Arena traces give a model, a batch size and an iteration count. A job's
-work in reference seconds is `iterations × t(requested)`, where
-t(requested) is the iteration time of the best plan for the model on the GPU
-count and type it asked for; on the GPUs it actually gets it progresses at
-`t(requested) / t(allocated)`. So a job placed as requested runs for exactly
-its derived duration, and a job moved to faster or more GPUs runs faster.
+work in reference seconds is `iterations × t(requested)`, where t(requested)
+is the iteration time of the best plan for the model on the GPU count and type
+it asked for, packed in one minipod; on the GPUs it actually gets it
+progresses at `t(requested) / t(actual)`, where t(actual) prices the job's
+plan (the one its policy or placer chose, else the best for the allocation)
+on the allocated GPU type and count and — with `placement_aware` — on where
+its ranks landed (minipods spanned by its DP and PP groups, uplink
+oversubscription; `loom.perf.placement`). A job placed as requested and
+packed runs for exactly its derived duration.
 
 Documented rules:
 - the model name must be a `loom.perf` preset (e.g. ``bert__2.6B``); the
   global batch is the trace's batch size (sequences, or images for a cnn);
-- the best plan is searched with `loom.perf.search` (memoised per model,
-  batch, GPU type, count and GPUs per node);
+- trace jobs that carry a duration but no preset keep trace semantics (rate ∝
+  GPUs) with ``trace_models="keep"``; with ``trace_models="by-size"`` they get
+  a model by size — ≤ 8 GPUs llama2-7b, ≤ 64 llama2-13b, else llama2-70b — and
+  their recorded duration becomes the reference time on the requested GPUs;
 - when no plan fits in GPU memory (e.g. a 10B MoE on one 16 GB V100: the
   estimator does not model expert parallelism or offload), the job is priced
   by the fastest plan ignoring memory, and counted in `memory_overrides`;
-- jobs that already have a duration keep trace semantics (rate ∝ GPUs).
+- interference (Arnold Appendix D: up to ~5% when other jobs load the same
+  minipod uplinks): a job whose groups span several minipods runs
+  `1 − interference × load` slower, where load = share of the GPUs in the
+  minipods it touches held by other running jobs that also span minipods;
+  sampled when the job starts or moves (rates are piecewise constant), and off
+  with ``interference=0``.
 """
 
 from __future__ import annotations
@@ -23,34 +34,55 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
+from typing import Any
+
+import numpy as np
 
 from loom.core.jobs import Job
+from loom.core.plan import ParallelPlan
 from loom.core.protocols import SPEED_MODELS
 from loom.errors import LoomInputError
 from loom.hardware.state import Allocation
 from loom.hardware.topology import Topology
 from loom.perf.estimator import Estimator
-from loom.perf.inputs import Hardware, TrainingJob
+from loom.perf.inputs import PACKED, Hardware, Placement, PlanError, TrainingJob
+from loom.perf.placement import placement_of
 from loom.perf.presets import preset, preset_names
 from loom.perf.search import Choices, candidate_plans, search_plans
 from loom.workload.job import JobSpec
 
 DEFAULT_BATCH = 256
+SIZE_RULE = ((8, "llama2-7b"), (64, "llama2-13b"), (1 << 30, "llama2-70b"))
+TRACE_MODEL_RULES = ("keep", "by-size")
 
 
 @SPEED_MODELS.register("estimator")
 class EstimatorSpeed:
-    """Rate = t(requested GPUs) / t(allocated GPUs), both from the estimator."""
+    """Rate = t(requested, packed) / t(actual plan, GPUs and placement)."""
 
     name = "estimator"
 
-    def __init__(self, default_batch: int = DEFAULT_BATCH) -> None:
+    def __init__(self, default_batch: int = DEFAULT_BATCH, placement_aware: bool = True,
+                 interference: float = 0.05, trace_models: str = "keep") -> None:
+        if trace_models not in TRACE_MODEL_RULES:
+            raise LoomInputError(f"must be one of {', '.join(TRACE_MODEL_RULES)}, got {trace_models!r}",
+                                 field="speed_model.params.trace_models")
+        if not 0.0 <= interference < 1.0:
+            raise LoomInputError(f"must be in [0, 1), got {interference!r}", field="speed_model.params.interference")
         self.default_batch = default_batch
+        self.placement_aware = placement_aware
+        self.interference = interference
+        self.trace_models = trace_models
         self.estimator = Estimator()
         self.memory_overrides: set[tuple[str, int, str, int]] = set()
-        self._iteration = lru_cache(maxsize=1 << 14)(self._best_iteration)
+        self._best = lru_cache(maxsize=1 << 14)(self._best_estimate)
+        self._ctx: Any = None
 
     # -- hooks the engine calls ------------------------------------------------
+    def bind(self, ctx: Any) -> None:
+        """The scheduling context, read for interference (other running jobs)."""
+        self._ctx = ctx
+
     def prepare(self, specs: Sequence[JobSpec], topology: Topology) -> list[JobSpec]:
         """Give every job without a duration one: iterations × t(requested)."""
         out = []
@@ -69,19 +101,51 @@ class EstimatorSpeed:
 
     def rate(self, job: Job, allocation: Allocation, topology: Topology) -> float:
         spec = job.spec
-        if not spec.model or not spec.iterations:
+        model = self.model_of(spec)
+        if model is None:
             return allocation.total / spec.gpus
         gpu_type = topology.gpu_types[int(topology.node_type[allocation.nodes[0]])]
-        requested = self.iteration_seconds(spec, spec.gpu_type or gpu_type, spec.gpus, topology)
-        actual = self.iteration_seconds(spec, gpu_type, allocation.total, topology)
-        return requested / actual
+        per_node = _gpus_per_node(topology, gpu_type)
+        batch = spec.batch_size or self.default_batch
+        reference = self._best(model, batch, spec.gpu_type or gpu_type, spec.gpus,
+                               _gpus_per_node(topology, spec.gpu_type or gpu_type))
+        plan = job.plan if job.plan is not None and job.plan.world_size == allocation.total else None
+        actual = self._actual(model, batch, gpu_type, per_node, allocation, plan, topology)
+        return reference[0] * reference[1] / (actual * self._interference(allocation, topology, job))
+
+    def model_of(self, spec: JobSpec) -> str | None:
+        """The preset that prices this job, by the documented rule (None: trace semantics)."""
+        if spec.model and (spec.iterations or spec.model in preset_names()):
+            return spec.model
+        if self.trace_models == "by-size" and spec.duration is not None:
+            return next(name for limit, name in SIZE_RULE if spec.gpus <= limit)
+        return None
 
     # -- estimates ---------------------------------------------------------------
     def iteration_seconds(self, spec: JobSpec, gpu_type: str, gpus: int, topology: Topology) -> float:
         batch = spec.batch_size or self.default_batch
-        return self._iteration(spec.model, batch, gpu_type, gpus, _gpus_per_node(topology, gpu_type))
+        seconds, scale, _ = self._best(spec.model, batch, gpu_type, gpus, _gpus_per_node(topology, gpu_type))
+        return seconds * scale
 
-    def _best_iteration(self, model_name: str, batch: int, gpu_type: str, gpus: int, per_node: int) -> float:
+    def _actual(self, model: str, batch: int, gpu_type: str, per_node: int, allocation: Allocation,
+                plan: ParallelPlan | None, topology: Topology) -> float:
+        seconds, scale, best_plan = self._best(model, batch, gpu_type, allocation.total, per_node)
+        use = plan or best_plan
+        if use is None or not (self.placement_aware or plan is not None):
+            return seconds * scale
+        placement = PACKED
+        if self.placement_aware:
+            placement = _placement(allocation, use, topology)
+        job = TrainingJob(preset(model), _batch_for(batch, allocation.total))
+        try:
+            estimate = self.estimator.estimate(job, Hardware(gpu_type, gpus_per_node=per_node), use, placement)
+        except PlanError:
+            return seconds * scale
+        return estimate.iteration_s * scale
+
+    def _best_estimate(self, model_name: str, batch: int, gpu_type: str, gpus: int, per_node: int
+                       ) -> tuple[float, float, ParallelPlan | None]:
+        """(iteration s of the best plan, batch scale, that plan) on `gpus` packed GPUs."""
         if model_name not in preset_names():
             raise LoomInputError(
                 f"model '{model_name}' has no loom.perf preset (known: {', '.join(preset_names())})", field="model"
@@ -91,7 +155,7 @@ class EstimatorSpeed:
         result = search_plans(job, hardware, gpus, choices=Choices(vpp=1), top=1, estimator=self.estimator)
         scale = batch / job.global_batch
         if result.best is not None:
-            return result.best.iteration_s * scale
+            return result.best.iteration_s, scale, result.best.plan
         self.memory_overrides.add((model_name, batch, gpu_type, gpus))
         fastest = min(
             (self.estimator.estimate(job, hardware, plan) for plan in candidate_plans(job, hardware, gpus, Choices(vpp=1))),
@@ -100,7 +164,33 @@ class EstimatorSpeed:
         )
         if fastest is None:
             raise LoomInputError(f"no valid plan for {model_name} on {gpus} {gpu_type} GPUs", field="model")
-        return fastest.iteration_s * scale
+        return fastest.iteration_s, scale, None
+
+    def _interference(self, allocation: Allocation, topology: Topology, job: Job) -> float:
+        """1 + slowdown from other cross-minipod jobs on the same minipods (≥ 1)."""
+        if not self.interference or self._ctx is None:
+            return 1.0
+        pods = topology.switch_of[topology.minipod_tier]
+        mine = set(pods[list(allocation.nodes)].tolist())
+        if len(mine) < 2:
+            return 1.0
+        busy = 0
+        for other in self._ctx.running.values():
+            if other is job or other.allocation is None:
+                continue
+            theirs = pods[list(other.allocation.nodes)]
+            if len(set(theirs.tolist())) > 1:
+                busy += int(np.asarray(other.allocation.gpus)[np.isin(theirs, list(mine))].sum())
+        total = int(topology.node_gpus[np.isin(pods, list(mine))].sum())
+        load = min(1.0, busy / total) if total else 0.0
+        return 1.0 / (1.0 - self.interference * load)
+
+
+def _placement(allocation: Allocation, plan: ParallelPlan, topology: Topology) -> Placement:
+    try:
+        return placement_of(allocation.nodes, plan, topology, allocation.gpus)
+    except LoomInputError:
+        return PACKED
 
 
 def _batch_for(batch: int, gpus: int) -> int:
