@@ -58,7 +58,8 @@ class SpeedModel(Protocol):
 POLICIES: Registry[type] = Registry(
     "policy",
     "loom.policies",
-    ("loom.policies.fcfs", "loom.policies.sjf", "loom.policies.easy", "loom.policies.priority"),
+    ("loom.policies.fcfs", "loom.policies.sjf", "loom.policies.easy", "loom.policies.priority",
+     "loom.policies.quota", "loom.policies.reservation"),
 )
 PLACERS: Registry[type] = Registry(
     "placer",

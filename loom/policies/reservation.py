@@ -1,0 +1,222 @@
+"""Reservation for planned pretraining jobs with predicted backfill (Arnold
+Algorithm 1, seed 000 §5 and appendices G/H), and its two baselines.
+
+A planned job is announced ahead of its arrival. At announcement the policy
+places it with the Arnold solver over all nodes of its type, busy or free,
+preferring nodes whose current jobs are predicted to end before the arrival,
+and reserves them. Other jobs then go, in FCFS order without blocking:
+
+1. outside the reserved region when they fit there;
+2. else inside it, by `mode`:
+   - ``predict`` (Arnold): if their predicted completion — `ctx.runtime_estimate`,
+     which should be an upper quantile of a predictor, not the mean — precedes
+     the planned arrival, or if they are preemptible (preempted at arrival);
+   - ``strict``: never (reserved nodes idle: strict reservation without prediction);
+   - ``best-effort``: always (reserve-and-pack: the reservation is only a preference);
+3. else they wait for the next round.
+
+When the planned job arrives, preemptible jobs on its nodes are preempted
+(counted as `preempted_at_arrival`); a reserved node still held by a
+non-preemptible job is a **violation** (counted once per node). The job starts
+on its reserved nodes, in the solver's rank order, as soon as they are free.
+`stats` and `timeline` record what happened, for metrics and figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from loom.core.context import SchedulingContext
+from loom.core.decisions import Decision, Reserve
+from loom.core.jobs import Job
+from loom.core.plan import ParallelPlan
+from loom.core.protocols import POLICIES
+from loom.core.round import RoundPlan
+from loom.errors import LoomInputError
+from loom.hardware.state import Allocation
+
+MODES = ("predict", "strict", "best-effort")
+
+
+@dataclass
+class Planned:
+    """A reservation made for an announced job."""
+
+    reservation_id: int
+    nodes: tuple[int, ...]  # rank order
+    plan: ParallelPlan
+    arrival: float
+    counted: bool = False  # violations/preemptions counted at arrival
+
+
+@dataclass
+class ReservationStats:
+    violations: int = 0  # reserved nodes held by non-preemptible jobs at arrival
+    preempted_at_arrival: int = 0
+    start_delay_s: dict[str, float] = field(default_factory=dict)  # planned job → start − arrival
+    inside_starts: int = 0  # other jobs started inside a reserved region
+
+
+@POLICIES.register("reserve")
+class ReservationPolicy:
+    name = "reserve"
+
+    def __init__(self, mode: str = "predict", alpha: float = 0.3, grace_s: float = 6 * 3600.0,
+                 time_limit_s: float = 1.0) -> None:
+        if mode not in MODES:
+            raise LoomInputError(f"must be one of {', '.join(MODES)}, got {mode!r}", field="policy.params.mode")
+        self.mode = mode
+        self.alpha = alpha
+        self.grace_s = grace_s
+        self.time_limit_s = time_limit_s
+        self.planned: dict[str, Planned] = {}
+        self.stats = ReservationStats()
+        self.timeline: list[tuple[float, int, int, int]] = []  # (t, busy nodes, reserved nodes, reserved busy)
+
+    def schedule(self, ctx: SchedulingContext) -> list[Decision]:
+        plan = RoundPlan(ctx)
+        self._plan_announced(ctx, plan)
+        self._start_arrived(ctx, plan)
+        self._schedule_others(ctx, plan)
+        self._sample(ctx, plan)
+        return plan.decisions
+
+    # -- 1. reserve for announced jobs ------------------------------------------
+    def _plan_announced(self, ctx: SchedulingContext, plan: RoundPlan) -> None:
+        for job in list(ctx.announced.values()):
+            if job.job_id in self.planned:
+                continue
+            planned = self._reserve_for(ctx, plan, job)
+            if planned is not None:
+                self.planned[job.job_id] = planned
+
+    def _reserve_for(self, ctx: SchedulingContext, plan: RoundPlan, job: Job) -> Planned | None:
+        from loom.placement.arnold.placer import _shape_for
+        from loom.placement.arnold.solver import arnold_place
+
+        topo, state = ctx.topology, plan.view
+        spec = job.spec
+        type_id = topo.type_id(spec.gpu_type) if spec.gpu_type else int(np.bincount(topo.node_type).argmax())
+        if type_id is None:
+            return None
+        nodes = np.flatnonzero((topo.node_type == type_id) & ~state.failed & (state.reserved_by < 0))
+        per_node = int(np.bincount(topo.node_gpus[nodes]).argmax()) if len(nodes) else 0
+        if not per_node or job.gpus % per_node or len(nodes) * per_node < job.gpus:
+            return None
+        nodes = nodes[topo.node_gpus[nodes] == per_node]
+        needed = job.gpus // per_node
+        ends = self._predicted_ends(ctx, plan)
+        arrival = spec.submit_time
+        order = sorted(nodes.tolist(), key=lambda n: (ends.get(n, ctx.now) > arrival, ends.get(n, ctx.now), n))
+        ready = sum(1 for n in order if ends.get(n, ctx.now) <= arrival)
+        candidates = np.asarray(order[: max(needed, ready)], dtype=np.int64)
+        if len(candidates) < needed:
+            return None
+        shape = _shape_for(spec.model or "", job.gpus, per_node, topo.gpu_types[type_id])
+        result = arnold_place(shape, topo, candidates, self.alpha, time_limit_s=self.time_limit_s)
+        chosen = tuple(int(n) for n in result.grid.T.ravel())  # rank order
+        rid = ctx.next_reservation_id + sum(1 for d in plan.decisions if isinstance(d, Reserve))
+        busy = sum(1 for n in chosen if ends.get(n, ctx.now) > ctx.now)
+        plan.decisions.append(Reserve(
+            rid, chosen, arrival + self.grace_s, job.job_id,
+            f"reserve ({self.mode}): {len(chosen)} nodes for {job.job_id} arriving in {arrival - ctx.now:.0f}s; "
+            f"Arnold spreads DP {result.score.dp_max_spread}, PP {result.score.pp_max_spread}; "
+            f"{busy} nodes still busy now",
+        ))
+        plan.state.reserve(chosen, rid)
+        return Planned(rid, chosen, ParallelPlan(dp=shape.dp, tp=shape.tp, pp=shape.pp), arrival)
+
+    @staticmethod
+    def _predicted_ends(ctx: SchedulingContext, plan: RoundPlan) -> dict[int, float]:
+        """Latest predicted end of the jobs on each busy node."""
+        ends: dict[int, float] = {}
+        running = [(j, j.allocation) for j in ctx.running.values()] + list(plan.started)
+        for job, alloc in running:
+            if alloc is None:
+                continue
+            end = ctx.now + ctx.runtime_estimate(job)
+            for node in alloc.nodes:
+                ends[node] = max(ends.get(node, 0.0), end)
+        return ends
+
+    # -- 2. planned jobs that arrived ------------------------------------------
+    def _start_arrived(self, ctx: SchedulingContext, plan: RoundPlan) -> None:
+        for job_id, planned in list(self.planned.items()):
+            job = ctx.pending.get(job_id)
+            if job is None:
+                continue
+            reserved = set(planned.nodes)
+            holders = [j for j in ctx.running.values() if j.allocation and reserved & set(j.allocation.nodes)]
+            for other in holders:
+                if other.spec.preemptible:
+                    plan.preempt(other, f"reserve: preempted at the arrival of {job_id} on its reserved nodes")
+                    if not planned.counted:
+                        self.stats.preempted_at_arrival += 1
+            if not planned.counted:
+                stuck = {n for j in holders if not j.spec.preemptible for n in j.allocation.nodes} & reserved
+                self.stats.violations += len(stuck)
+                planned.counted = True
+            state = plan.view
+            free = all(state.free[n] == ctx.topology.node_gpus[n] for n in planned.nodes)
+            if free:
+                gpus = tuple(int(ctx.topology.node_gpus[n]) for n in planned.nodes)
+                plan.start(job, Allocation(planned.nodes, gpus),
+                           f"reserve: {job_id} starts on its {len(planned.nodes)} reserved nodes", planned.plan)
+                self.stats.start_delay_s[job_id] = ctx.now - planned.arrival
+                del self.planned[job_id]
+
+    # -- 3. everyone else ---------------------------------------------------------
+    def _schedule_others(self, ctx: SchedulingContext, plan: RoundPlan) -> None:
+        arrivals = [p.arrival for p in self.planned.values()]
+        next_arrival = min(arrivals) if arrivals else float("inf")
+        for position, job in enumerate(list(ctx.pending.values())):
+            if job.job_id in self.planned or any(job is j for j, _ in plan.started):
+                continue
+            if plan.view.free_total < job.gpus:
+                continue
+            alloc = plan.place(job)  # outside reserved regions (the placer's mask excludes them)
+            if alloc is not None:
+                plan.start(job, alloc, f"reserve: queue position {position}, outside reserved nodes")
+                continue
+            reason = self._inside_reason(ctx, job, next_arrival)
+            if reason is None:
+                continue
+            alloc = plan.placer.place(job.spec, job.gpus, plan.view, _type_mask(plan, job))
+            if alloc is not None:
+                plan.start(job, alloc, reason)
+                self.stats.inside_starts += 1
+
+    def _inside_reason(self, ctx: SchedulingContext, job: Job, arrival: float) -> str | None:
+        if not self.planned or self.mode == "strict":
+            return None
+        if self.mode == "best-effort":
+            return "reserve (best-effort): inside the reserved region, no prediction"
+        if job.spec.preemptible:
+            return "reserve: preemptible job inside the reserved region (preempted at arrival)"
+        predicted = ctx.now + ctx.runtime_estimate(job)
+        if predicted <= arrival:
+            return f"reserve: predicted to end {arrival - predicted:.0f}s before the planned arrival"
+        return None
+
+    def _sample(self, ctx: SchedulingContext, plan: RoundPlan) -> None:
+        state = plan.view
+        topo = ctx.topology
+        busy = state.free < topo.node_gpus
+        reserved = state.reserved_by >= 0
+        self.timeline.append((ctx.now, int(busy.sum()), int(reserved.sum()), int((busy & reserved).sum())))
+
+
+def _type_mask(plan: RoundPlan, job: Job) -> np.ndarray | None:
+    """Nodes of the job's GPU type(s), reserved or not (None: every node)."""
+    topo = plan.ctx.topology
+    spec = job.spec
+    mask = None
+    if spec.gpu_type is not None and not topo.homogeneous:
+        mask = topo.node_type == topo.type_id(spec.gpu_type)
+    if spec.gpu_types and not topo.homogeneous:
+        ids = [i for i in (topo.type_id(t) for t in spec.gpu_types) if i is not None]
+        in_set = np.isin(topo.node_type, ids)
+        mask = in_set if mask is None else (mask & in_set)
+    return mask

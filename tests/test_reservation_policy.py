@@ -1,0 +1,79 @@
+"""Reservation for planned pretraining jobs (Arnold Algorithm 1) and its baselines."""
+
+from __future__ import annotations
+
+import pytest
+
+from loom.core.protocols import PLACERS
+from loom.errors import LoomInputError
+from loom.hardware.clos import clos
+from loom.policies.reservation import ReservationPolicy
+from loom.sim.engine import Simulation
+from loom.workload.job import JobSpec
+
+ARRIVAL = 4 * 3600.0
+
+
+@pytest.fixture
+def cluster():
+    return clos("c", minipods=2, nodes=8, gpus_per_node=8, gpu_type="H800", nodes_per_leaf=2)
+
+
+def workload(preemptible_long: bool = False) -> list[JobSpec]:
+    """A 32-GPU pretraining job announced 4 h ahead, and jobs that would sit on its nodes."""
+    jobs = [JobSpec("llm", ARRIVAL, 32, 3600.0, announce_time=0.0, model="arnold-24b-dense")]
+    # short jobs: finish well before the arrival
+    jobs += [JobSpec(f"short{i}", 60.0 + i, 8, 1800.0) for i in range(6)]
+    # long jobs: would run across the arrival
+    jobs += [JobSpec(f"long{i}", 120.0 + i, 8, 10 * 3600.0, preemptible=preemptible_long) for i in range(6)]
+    return jobs
+
+
+def run(cluster, mode: str, specs: list[JobSpec]):
+    policy = ReservationPolicy(mode=mode)
+    result = Simulation(cluster, specs, policy, PLACERS.get("best-fit")(), round_interval=600.0).run()
+    return policy, {j.job_id: j for j in result.jobs}, result
+
+
+def test_predicted_backfill_keeps_the_reservation_and_uses_it_meanwhile(cluster):
+    policy, jobs, _ = run(cluster, "predict", workload())
+    assert policy.stats.violations == 0
+    assert jobs["llm"].first_start - ARRIVAL <= 600.0  # within one scheduling interval
+    assert policy.stats.inside_starts > 0  # short jobs ran on reserved nodes before the arrival
+    assert all(j.end_time is not None for j in jobs.values())
+
+
+def test_strict_reservation_idles_reserved_nodes(cluster):
+    predict, _, _ = run(cluster, "predict", workload())
+    strict, jobs, _ = run(cluster, "strict", workload())
+    assert strict.stats.violations == 0 and strict.stats.inside_starts == 0
+    assert jobs["llm"].first_start - ARRIVAL <= 600.0
+    def busy_before(policy):
+        return sum(b for t, b, _, _ in policy.timeline if t < ARRIVAL) / max(1, sum(1 for t, *_ in policy.timeline
+                                                                                    if t < ARRIVAL))
+    assert busy_before(predict) > busy_before(strict)
+
+
+def test_best_effort_reservation_is_violated(cluster):
+    policy, jobs, _ = run(cluster, "best-effort", workload())
+    assert policy.stats.violations > 0
+    assert jobs["llm"].first_start - ARRIVAL > 600.0
+
+
+def test_preemptible_jobs_may_use_reserved_nodes_and_are_preempted_at_arrival(cluster):
+    policy, jobs, _ = run(cluster, "predict", workload(preemptible_long=True))
+    assert policy.stats.violations == 0
+    assert policy.stats.preempted_at_arrival > 0
+    assert jobs["llm"].first_start - ARRIVAL <= 600.0
+    assert any(j.preemptions for j in jobs.values() if j.job_id.startswith("long"))
+
+
+def test_reserved_start_carries_the_aligned_plan(cluster):
+    _, _, result = run(cluster, "predict", workload())
+    starts = [d for _, d in result.decisions if type(d).__name__ == "Start" and d.job_id == "llm"]
+    assert starts and starts[0].plan is not None and starts[0].plan.world_size == 32
+
+
+def test_unknown_mode_is_a_clear_error():
+    with pytest.raises(LoomInputError, match="mode"):
+        ReservationPolicy(mode="hope")
