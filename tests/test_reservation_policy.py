@@ -77,3 +77,16 @@ def test_reserved_start_carries_the_aligned_plan(cluster):
 def test_unknown_mode_is_a_clear_error():
     with pytest.raises(LoomInputError, match="mode"):
         ReservationPolicy(mode="hope")
+
+
+def test_energy_charges_idle_gpus(cluster):
+    from loom.report.energy import energy, gpu_power
+
+    _, _, strict = run(cluster, "strict", workload())
+    _, _, predict = run(cluster, "predict", workload())
+    idle_w, board = gpu_power()
+    assert idle_w == 60 and board["H800"] == 700
+    for result in (strict, predict):
+        e = energy(result)
+        assert e["energy_kwh"] == pytest.approx(e["energy_busy_kwh"] + e["energy_idle_kwh"])
+        assert e["energy_busy_kwh"] == pytest.approx(result.busy_gpu_seconds * 700 / 3.6e6)

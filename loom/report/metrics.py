@@ -47,6 +47,9 @@ def job_records(result: SimulationResult) -> pl.DataFrame:
     return frame.with_columns(**{k: pl.Series(v, dtype=pl.Int32) for k, v in span_cols.items()})
 
 
+from loom.report.energy import energy  # noqa: E402
+
+
 def summary(result: SimulationResult) -> dict[str, float | int]:
     finished = [j for j in result.jobs if j.state is JobState.FINISHED]
     jct = np.array([j.end_time - j.spec.submit_time for j in finished], dtype=float)
@@ -75,6 +78,7 @@ def summary(result: SimulationResult) -> dict[str, float | int]:
         "rounds": result.rounds,
         "sim_wall_s": result.sim_wall_s,
         "events_per_s": result.events / result.sim_wall_s if result.sim_wall_s > 0 else 0.0,
+        **energy(result),
     }
 
 
