@@ -18,6 +18,7 @@ from rich.table import Table
 
 from loom.cli import perf as perf_cli
 from loom.cli import place as place_cli
+from loom.cli import workload as workload_cli
 from loom.cli import report as report_cli
 from loom.cli import traces as traces_cli
 from loom.cli.errors import err_console, user_errors
@@ -30,6 +31,7 @@ app.add_typer(traces_cli.app, name="traces")
 report_cli.register(app)
 perf_cli.register(app)
 place_cli.register(app)
+workload_cli.register(app)
 console = Console()
 
 
