@@ -64,9 +64,13 @@ class ReservationPolicy:
     name = "reserve"
 
     def __init__(self, mode: str = "predict", alpha: float = 0.3, grace_s: float = 6 * 3600.0,
-                 time_limit_s: float = 1.0) -> None:
+                 time_limit_s: float = 1.0, reservation_placer: str = "arnold") -> None:
         if mode not in MODES:
             raise LoomInputError(f"must be one of {', '.join(MODES)}, got {mode!r}", field="policy.params.mode")
+        if reservation_placer not in ("arnold", "best-fit"):
+            raise LoomInputError(f"must be arnold or best-fit, got {reservation_placer!r}",
+                                 field="policy.params.reservation_placer")
+        self.reservation_placer = reservation_placer
         self.mode = mode
         self.alpha = alpha
         self.grace_s = grace_s
@@ -94,6 +98,7 @@ class ReservationPolicy:
 
     def _reserve_for(self, ctx: SchedulingContext, plan: RoundPlan, job: Job) -> Planned | None:
         from loom.placement.arnold.placer import _shape_for
+        from loom.placement.arnold.problem import default_grid, score
         from loom.placement.arnold.solver import arnold_place
 
         topo, state = ctx.topology, plan.view
@@ -115,14 +120,18 @@ class ReservationPolicy:
         if len(candidates) < needed:
             return None
         shape = _shape_for(spec.model or "", job.gpus, per_node, topo.gpu_types[type_id])
-        result = arnold_place(shape, topo, candidates, self.alpha, time_limit_s=self.time_limit_s)
-        chosen = tuple(int(n) for n in result.grid.T.ravel())  # rank order
+        if self.reservation_placer == "arnold":
+            grid = arnold_place(shape, topo, candidates, self.alpha, time_limit_s=self.time_limit_s).grid
+        else:  # group-unaware: the first nodes by predicted end, ranks in name order
+            grid = default_grid(shape, candidates[:needed], topo)
+        result_score = score(grid, topo, self.alpha)
+        chosen = tuple(int(n) for n in grid.T.ravel())  # rank order
         rid = ctx.next_reservation_id + sum(1 for d in plan.decisions if isinstance(d, Reserve))
         busy = sum(1 for n in chosen if ends.get(n, ctx.now) > ctx.now)
         plan.decisions.append(Reserve(
             rid, chosen, arrival + self.grace_s, job.job_id,
             f"reserve ({self.mode}): {len(chosen)} nodes for {job.job_id} arriving in {arrival - ctx.now:.0f}s; "
-            f"Arnold spreads DP {result.score.dp_max_spread}, PP {result.score.pp_max_spread}; "
+            f"{self.reservation_placer} spreads DP {result_score.dp_max_spread}, PP {result_score.pp_max_spread}; "
             f"{busy} nodes still busy now",
         ))
         plan.state.reserve(chosen, rid)
@@ -183,10 +192,22 @@ class ReservationPolicy:
             reason = self._inside_reason(ctx, job, next_arrival)
             if reason is None:
                 continue
-            alloc = plan.placer.place(job.spec, job.gpus, plan.view, _type_mask(plan, job))
+            alloc = plan.placer.place(job.spec, job.gpus, plan.view, self._inside_mask(ctx, plan, job))
             if alloc is not None:
                 plan.start(job, alloc, reason)
                 self.stats.inside_starts += 1
+
+    def _inside_mask(self, ctx: SchedulingContext, plan: RoundPlan, job: Job) -> np.ndarray | None:
+        """The job's GPU types, reserved nodes included except those of planned
+        jobs that have already arrived (they are waiting for exactly those)."""
+        mask = _type_mask(plan, job)
+        arrived = [p.nodes for p in self.planned.values() if p.arrival <= ctx.now]
+        if not arrived:
+            return mask
+        keep = np.ones(ctx.topology.num_nodes, dtype=bool)
+        for nodes in arrived:
+            keep[list(nodes)] = False
+        return keep if mask is None else (mask & keep)
 
     def _inside_reason(self, ctx: SchedulingContext, job: Job, arrival: float) -> str | None:
         if not self.planned or self.mode == "strict":
