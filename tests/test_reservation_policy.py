@@ -90,3 +90,18 @@ def test_energy_charges_idle_gpus(cluster):
         e = energy(result)
         assert e["energy_kwh"] == pytest.approx(e["energy_busy_kwh"] + e["energy_idle_kwh"])
         assert e["energy_busy_kwh"] == pytest.approx(result.busy_gpu_seconds * 700 / 3.6e6)
+
+
+def test_report_draws_the_reservation_as_a_gantt_chart(cluster):
+    from loom.report.decision_log import decision_frame
+    from loom.report.gantt import gantt_figure, occupancy, reservation_rows
+    from loom.report.metrics import job_records
+
+    _, jobs, result = run(cluster, "predict", workload())
+    decisions = decision_frame(result.decisions, cluster)
+    info = reservation_rows(decisions)
+    assert info is not None and info["job"] == "llm" and len(info["nodes"]) == 4
+    intervals = occupancy(decisions, info["nodes"], result.end_time)
+    assert any(job == "llm" for _, job, _, _ in intervals)
+    png = gantt_figure(decisions, job_records(result))
+    assert png is not None and png[:4] == b"\x89PNG"

@@ -69,6 +69,12 @@ def figures(run: D.RunData) -> dict[str, Any]:
             figs["heatmap"] = plots.heatmap_figure(heat)
         figs["placements"] = [(p["job"], _group_figure(topology, p) or plots.placement_figure(topology, p))
                               for p in D.placements(run, PLACEMENT_JOBS)]
+    if run.decisions is not None:
+        from loom.report.gantt import gantt_figure
+
+        gantt = gantt_figure(run.decisions, run.jobs)
+        if gantt is not None:
+            figs["gantt"] = gantt
     return figs
 
 
@@ -143,6 +149,8 @@ def render(run: D.RunData) -> str:
         parts.extend(img(png, f"placement of job {job}") for job, png in figs["placements"])
     else:
         parts.append("<p class='note'>Needs the decision log and the cluster named in manifest.json.</p>")
+    if "gantt" in figs:
+        parts.append("<h2 id='reservation'>Reservation</h2>" + img(figs["gantt"], "reservation Gantt chart"))
     parts.append("<h2 id='classes'>Per job class</h2>" + frame_table(D.class_table(run.jobs)))
     if "vc" in run.jobs.columns and run.jobs["vc"].drop_nulls().n_unique() > 1:
         parts.append("<h3>Per VC</h3>" + frame_table(D.class_table(run.jobs, "vc")))
