@@ -11,7 +11,7 @@ reserved region is `--estimate`: the oracle × an inflation factor (an upper
 quantile stand-in) or the LightGBM predictor's 90th percentile trained on a
 different seed's workload.
 
-    python bench/reservation.py [--days 3] [--scale 6] [--seed 0] [--estimate predictor|oracle]
+    python bench/reservation.py [--days 3] [--scale 20] [--seed 0] [--estimate predictor|oracle]
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def workload(days: float, scale: float, seed: int) -> list[JobSpec]:
     return sorted([*jobs, big], key=lambda j: j.submit_time)
 
 
-def estimator_for(kind: str, days: float, scale: float, seed: int):
+def estimator_for(kind: str, days: float, scale: float, seed: int, specs: list[JobSpec]):
     if kind == "oracle":
         return None
     from loom.predict.model import JctPredictor, runtime_estimator
@@ -54,7 +54,7 @@ def estimator_for(kind: str, days: float, scale: float, seed: int):
     training = generate("acme-kalos", days, seed + 100, scale=scale)
     predictor = JctPredictor(seed=seed)
     predictor.fit(training)
-    return runtime_estimator(predictor, quantile=0.9)
+    return runtime_estimator(predictor, quantile=0.9, specs=specs)
 
 
 def run(specs: list[JobSpec], mode: str, estimate, reservation_placer: str = "arnold"):
@@ -91,13 +91,13 @@ def big_job_throughput(result, topo) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--days", type=float, default=3.0)
-    parser.add_argument("--scale", type=float, default=6.0)
+    parser.add_argument("--scale", type=float, default=20.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--estimate", choices=("predictor", "oracle"), default="predictor")
     parser.add_argument("--figure", default="docs/img/reservation.png")
     args = parser.parse_args()
     specs = workload(args.days, args.scale, args.seed)
-    estimate = estimator_for(args.estimate, args.days, args.scale, args.seed)
+    estimate = estimator_for(args.estimate, args.days, args.scale, args.seed, specs)
     topo = load_cluster("acme-kalos")
     print(f"{len(specs):,} jobs over {args.days} days (scale {args.scale}); planned 1,024-GPU job announced at "
           f"{ANNOUNCE / 3600:.0f} h, arrives at {ARRIVAL / 3600:.0f} h; estimate = {args.estimate}\n")

@@ -19,6 +19,7 @@ from rich.table import Table
 from loom.cli import perf as perf_cli
 from loom.cli import place as place_cli
 from loom.cli import experiment as experiment_cli
+from loom.cli import predict as predict_cli
 from loom.cli import workload as workload_cli
 from loom.cli import report as report_cli
 from loom.cli import traces as traces_cli
@@ -34,6 +35,7 @@ perf_cli.register(app)
 place_cli.register(app)
 workload_cli.register(app)
 experiment_cli.register(app)
+predict_cli.register(app)
 console = Console()
 
 
