@@ -42,6 +42,12 @@ def expand_hostlist(expr: str) -> list[str]:
     for item in _split_top(expr):
         if not item:
             raise ValueError(f"empty item in hostlist '{expr}'")
+        bodies = [m.group(1) for m in re.finditer(r"\[([^\[\]]*)\]", item)]
+        # Count before expanding, so a huge product fails at once instead of
+        # building millions of strings first.
+        count = math.prod(sum(hi - lo + 1 for lo, hi, _ in _parse_ranges(b)) for b in bodies)
+        if len(out) + count > MAX_HOSTS:
+            raise ValueError(f"'{item}' expands to more than {MAX_HOSTS:,} hosts")
         parts: list[list[str]] = []
         pos = 0
         for m in re.finditer(r"\[([^\[\]]*)\]", item):
@@ -81,7 +87,8 @@ def _split_top(expr: str) -> list[str]:
     return items
 
 
-def _expand_ranges(body: str) -> list[str]:
+def _parse_ranges(body: str) -> list[tuple[int, int, int]]:
+    """`01-03,7` → [(1, 3, 2), (7, 7, 1)]: (low, high, zero-padded width)."""
     out = []
     for part in body.split(","):
         part = part.strip()
@@ -94,9 +101,12 @@ def _expand_ranges(body: str) -> list[str]:
             raise ValueError(f"range '{part}' runs backwards")
         if hi - lo >= MAX_HOSTS:
             raise ValueError(f"range '{part}' is too large")
-        width = len(lo_s)
-        out.extend(f"{k:0{width}d}" for k in range(lo, hi + 1))
+        out.append((lo, hi, len(lo_s)))
     return out
+
+
+def _expand_ranges(body: str) -> list[str]:
+    return [f"{k:0{width}d}" for lo, hi, width in _parse_ranges(body) for k in range(lo, hi + 1)]
 
 
 @dataclass
