@@ -39,3 +39,21 @@ def test_crius_arena_traces_replay_with_estimated_durations(tmp_path, trace, pol
     assert all(gpu_type == specs[job_id].gpu_type for job_id, gpu_type in zip(jobs["job_id"], jobs["gpu_type"]))
     run_s = dict(zip(jobs["job_id"], jobs["run_s"]))
     assert all(run_s[j] > 0 for j in specs)
+
+
+@pytest.mark.slow
+def test_seren_scale_workload_with_estimator_driven_speeds(tmp_path):
+    """A generated Acme-Seren workload replays on acme-seren with every job
+    priced by the estimator (trace models by size)."""
+    from loom.workload.generate import generate, write_csv
+
+    trace = tmp_path / "seren.csv"
+    write_csv(generate("acme-seren", 3.0, 1), trace)
+    config = tmp_path / "seren.yaml"
+    config.write_text(f"trace: csv:{trace}\ncluster: acme-seren\npolicy: easy\nplacer: best-fit\n"
+                      "speed_model: {name: estimator, params: {trace_models: by-size}}\n"
+                      f"outputs: {{dir: {tmp_path / 'out'}, report: false}}\n")
+    res = CliRunner().invoke(app, ["simulate", "-c", str(config), "-q"])
+    assert res.exit_code == 0, res.output
+    jobs = pl.read_parquet(tmp_path / "out" / "jobs.parquet")
+    assert jobs.height > 9000 and set(jobs["state"]) == {"finished"}

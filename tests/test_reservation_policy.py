@@ -105,3 +105,20 @@ def test_report_draws_the_reservation_as_a_gantt_chart(cluster):
     assert any(job == "llm" for _, job, _, _ in intervals)
     png = gantt_figure(decisions, job_records(result))
     assert png is not None and png[:4] == b"\x89PNG"
+
+
+def test_example_config_runs_on_a_generated_kalos_trace(tmp_path):
+    from pathlib import Path
+
+    from loom.config import load_config
+    from loom.run import run as run_config
+    from loom.workload.generate import generate, write_csv
+
+    trace = tmp_path / "kalos.csv"
+    write_csv(generate("acme-kalos", 1.0, 0, scale=3.0), trace)
+    example = Path(__file__).parents[1] / "examples" / "kalos-reserve.yaml"
+    cfg = load_config(example, {"trace": f"csv:{trace}", "outputs.dir": str(tmp_path / "out"),
+                                "outputs.report": False})
+    outputs = run_config(cfg)
+    assert outputs.summary["finished"] + outputs.summary["unfinished"] == outputs.summary["jobs"]
+    assert outputs.summary["energy_kwh"] > 0
