@@ -55,9 +55,16 @@ def test_strict_reservation_idles_reserved_nodes(cluster):
 
 
 def test_best_effort_reservation_is_violated(cluster):
-    policy, jobs, _ = run(cluster, "best-effort", workload())
+    """Without prediction, long non-preemptible jobs sit on the reserved nodes at
+    the arrival: violations, settled by substitution or manual preemption."""
+    policy, jobs, result = run(cluster, "best-effort", workload())
     assert policy.stats.violations > 0
-    assert jobs["llm"].first_start - ARRIVAL > 600.0
+    manual = [d for _, d in result.decisions if type(d).__name__ == "Preempt" and "violation" in d.reason]
+    swapped = set(next(d for _, d in result.decisions if type(d).__name__ == "Start" and d.job_id == "llm")
+                  .allocation.nodes) != set(next(d for _, d in result.decisions
+                                                 if type(d).__name__ == "Reserve").nodes)
+    assert manual or swapped
+    assert jobs["llm"].first_start - ARRIVAL <= 600.0
 
 
 def test_preemptible_jobs_may_use_reserved_nodes_and_are_preempted_at_arrival(cluster):
@@ -122,3 +129,20 @@ def test_example_config_runs_on_a_generated_kalos_trace(tmp_path):
     outputs = run_config(cfg)
     assert outputs.summary["finished"] + outputs.summary["unfinished"] == outputs.summary["jobs"]
     assert outputs.summary["energy_kwh"] > 0
+
+
+def test_reservation_moves_off_nodes_whose_jobs_now_run_past_the_arrival(cluster):
+    """A predictor that underestimates long jobs lets them in; as they overrun
+    their prediction, the reservation is moved to nodes that became free."""
+    specs = [JobSpec("llm", ARRIVAL, 32, 3600.0, announce_time=0.0)]
+    specs += [JobSpec(f"fill{i}", 60.0, 8, 2 * 3600.0) for i in range(4)]
+    specs += [JobSpec(f"long{i}", 120.0, 8, 10 * 3600.0) for i in range(2)]
+    policy = ReservationPolicy(mode="predict")
+    result = Simulation(cluster, specs, policy, PLACERS.get("best-fit")(), round_interval=600.0,
+                        runtime_estimate=lambda job: job.remaining / 10).run()
+    releases = [d for _, d in result.decisions if type(d).__name__ == "Release" and "re-plan" in d.reason]
+    assert releases, "the reservation should have been re-planned"
+    assert policy.stats.violations == 0
+    llm = next(j for j in result.jobs if j.job_id == "llm")
+    assert llm.first_start - ARRIVAL <= 600.0
+    assert all(j.preemptions == 0 for j in result.jobs)

@@ -15,10 +15,14 @@ and reserves them. Other jobs then go, in FCFS order without blocking:
    - ``best-effort``: always (reserve-and-pack: the reservation is only a preference);
 3. else they wait for the next round.
 
-When the planned job arrives, preemptible jobs on its nodes are preempted
-(counted as `preempted_at_arrival`); a reserved node still held by a
-non-preemptible job is a **violation** (counted once per node). The job starts
-on its reserved nodes, in the solver's rank order, as soon as they are free.
+Before the arrival (``predict``), a reserved node whose job is now predicted
+to run past the arrival is swapped for a free node (same minipod first):
+Release + Reserve with the new set. When the planned job arrives, preemptible
+jobs on its nodes are preempted (counted as `preempted_at_arrival`); a
+reserved node still held by a non-preemptible job is a **violation** (counted
+once per node) — it is swapped for a free node if one exists, else its job is
+preempted (the manual preemption Arnold's operators do). The job starts on its
+reserved nodes, in the solver's rank order, once they are free.
 `stats` and `timeline` record what happened, for metrics and figures.
 """
 
@@ -29,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from loom.core.context import SchedulingContext
-from loom.core.decisions import Decision, Reserve
+from loom.core.decisions import Decision, Release, Reserve
 from loom.core.jobs import Job
 from loom.core.plan import ParallelPlan
 from loom.core.protocols import POLICIES
@@ -82,6 +86,8 @@ class ReservationPolicy:
     def schedule(self, ctx: SchedulingContext) -> list[Decision]:
         plan = RoundPlan(ctx)
         self._plan_announced(ctx, plan)
+        if self.mode == "predict":
+            self._replan_at_risk(ctx, plan)
         self._start_arrived(ctx, plan)
         self._schedule_others(ctx, plan)
         self._sample(ctx, plan)
@@ -163,18 +169,69 @@ class ReservationPolicy:
                     plan.preempt(other, f"reserve: preempted at the arrival of {job_id} on its reserved nodes")
                     if not planned.counted:
                         self.stats.preempted_at_arrival += 1
+            stuck = {n for j in holders if not j.spec.preemptible for n in j.allocation.nodes} & reserved
             if not planned.counted:
-                stuck = {n for j in holders if not j.spec.preemptible for n in j.allocation.nodes} & reserved
                 self.stats.violations += len(stuck)
                 planned.counted = True
+            if stuck:
+                planned.nodes = self._substitute(ctx, plan, planned.nodes, stuck)
+                still = set(planned.nodes) & stuck
+                for other in holders:  # no free node can stand in: the operator's manual preemption
+                    if not other.spec.preemptible and still & set(other.allocation.nodes):
+                        plan.preempt(other, f"reserve: manual preemption (violation) for {job_id}")
             state = plan.view
-            free = all(state.free[n] == ctx.topology.node_gpus[n] for n in planned.nodes)
-            if free:
+            if all(state.free[n] == ctx.topology.node_gpus[n] for n in planned.nodes):
                 gpus = tuple(int(ctx.topology.node_gpus[n]) for n in planned.nodes)
                 plan.start(job, Allocation(planned.nodes, gpus),
                            f"reserve: {job_id} starts on its {len(planned.nodes)} reserved nodes", planned.plan)
                 self.stats.start_delay_s[job_id] = ctx.now - planned.arrival
                 del self.planned[job_id]
+
+    def _substitute(self, ctx: SchedulingContext, plan: RoundPlan, nodes: tuple[int, ...], bad: set[int]
+                    ) -> tuple[int, ...]:
+        """Swap `bad` nodes for free, unreserved nodes of the same size, same
+        minipod first (keeps the groups aligned); bad nodes without a stand-in stay."""
+        topo, state = ctx.topology, plan.view
+        pods = topo.switch_of[topo.minipod_tier]
+        size = int(topo.node_gpus[nodes[0]])
+        kind = topo.node_type[nodes[0]]
+        spare = [int(n) for n in np.flatnonzero((state.free == topo.node_gpus) & (state.reserved_by < 0)
+                                                & ~state.failed & (topo.node_type == kind) & (topo.node_gpus == size))
+                 if int(n) not in nodes]
+        out = list(nodes)
+        for i, node in enumerate(out):
+            if node not in bad or not spare:
+                continue
+            same = [n for n in spare if pods[n] == pods[node]]
+            pick = (same or spare)[0]
+            spare.remove(pick)
+            out[i] = pick
+        return tuple(out)
+
+    def _replan_at_risk(self, ctx: SchedulingContext, plan: RoundPlan) -> None:
+        """Before an arrival, move the reservation off nodes whose jobs are now
+        predicted to run past it, when free nodes can stand in."""
+        ends = None
+        for job_id, planned in list(self.planned.items()):
+            if planned.arrival <= ctx.now:
+                continue
+            ends = ends if ends is not None else self._predicted_ends(ctx, plan)
+            risky = {n for n in planned.nodes if ends.get(n, ctx.now) > planned.arrival}
+            if not risky:
+                continue
+            moved = self._substitute(ctx, plan, planned.nodes, risky)
+            if moved == planned.nodes:
+                continue
+            rid = ctx.next_reservation_id + sum(1 for d in plan.decisions if isinstance(d, Reserve))
+            plan.decisions.append(Release(planned.reservation_id, f"reserve: re-plan for {job_id}"))
+            plan.state.unreserve(planned.reservation_id)
+            changed = sum(1 for a, b in zip(moved, planned.nodes) if a != b)
+            plan.decisions.append(Reserve(
+                rid, moved, planned.arrival + self.grace_s, job_id,
+                f"reserve: {changed} node(s) for {job_id} swapped for free ones: their jobs are now predicted "
+                f"to run past the arrival in {planned.arrival - ctx.now:.0f}s"))
+            plan.state.reserve(moved, rid)
+            planned.nodes, planned.reservation_id = moved, rid
 
     # -- 3. everyone else ---------------------------------------------------------
     def _schedule_others(self, ctx: SchedulingContext, plan: RoundPlan) -> None:

@@ -143,7 +143,7 @@ class Simulation:
                         events.push(now, EventKind.ROUND, "follow-up")
                         followups += 1
                 rounds += 1
-                if self.round_interval and ctx.pending and not round_pending:
+                if self.round_interval and (ctx.pending or ctx.reservations) and not round_pending:
                     events.push(now + self.round_interval, EventKind.ROUND, "periodic")
                     round_pending = True
             if progress is not None and handled >= next_progress:
