@@ -54,6 +54,21 @@ def build(registry: Registry[type], component: Component, seed: int, field: str)
     return factory(**params)
 
 
+def _policy_stats(policy: Any) -> dict[str, Any]:
+    """Counters a policy keeps (e.g. reservation violations), prefixed by its name."""
+    from dataclasses import asdict, is_dataclass
+
+    stats = getattr(policy, "stats", None)
+    if stats is None or not is_dataclass(stats):
+        return {}
+    out: dict[str, Any] = {}
+    for key, value in asdict(stats).items():
+        if isinstance(value, dict):
+            value = {str(k): v for k, v in value.items()}
+        out[f"{policy.name}_{key}"] = value
+    return out
+
+
 def build_simulation(config: SimConfig) -> Simulation:
     topology = load_cluster(config.cluster)
     specs = load_trace(config.trace)
@@ -80,6 +95,7 @@ def run(config: SimConfig, progress_factory: Callable[[Simulation], Callable[[fl
     setup_s = time.perf_counter() - t0
     result = sim.run(progress_factory(sim) if progress_factory else None)
     stats = summary(result)
+    stats.update(_policy_stats(sim.policy))
     stats["setup_wall_s"] = setup_s
     out = Path(config.outputs.dir)
     out.mkdir(parents=True, exist_ok=True)

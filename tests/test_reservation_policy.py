@@ -129,6 +129,7 @@ def test_example_config_runs_on_a_generated_kalos_trace(tmp_path):
     outputs = run_config(cfg)
     assert outputs.summary["finished"] + outputs.summary["unfinished"] == outputs.summary["jobs"]
     assert outputs.summary["energy_kwh"] > 0
+    assert outputs.summary["reserve_violations"] >= 0 and "reserve_start_delay_s" in outputs.summary
 
 
 def test_reservation_moves_off_nodes_whose_jobs_now_run_past_the_arrival(cluster):
