@@ -96,6 +96,13 @@ def run(config: SimConfig, progress_factory: Callable[[Simulation], Callable[[fl
     result = sim.run(progress_factory(sim) if progress_factory else None)
     stats = summary(result)
     stats.update(_policy_stats(sim.policy))
+    if getattr(sim.policy, "quotas", None) is not None:  # per-VC fairness of a quota run
+        from loom.report.fairness import fairness_index, vc_fairness
+
+        rows = vc_fairness(result, sim.policy.quotas, default_quota=sim.policy.default_quota,
+                           is_best_effort=sim.policy.is_best_effort)
+        stats["quota_jain_index"] = fairness_index(rows)
+        stats["quota_per_vc"] = rows
     stats["setup_wall_s"] = setup_s
     out = Path(config.outputs.dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -226,3 +226,18 @@ def test_sim_config_with_quota_params(tmp_path):
     bad = SimConfig(cluster="arnold-i", trace=f"csv:{trace}", policy={"name": "quota", "params": {"quotas": {"A": -1}}})
     with pytest.raises(LoomInputError, match="policy.params.quotas.A"):
         build_simulation(bad)
+
+
+def test_quota_run_summary_reports_per_vc_fairness(tmp_path):
+    from loom.run import run as run_config
+
+    rows = ["job_id,submit_time,gpus,duration,vc,job_class"]
+    rows += [f"a{i},{i},32,100,A,pretrain" for i in range(4)]
+    rows += [f"b{i},{i},16,50,B,sft" for i in range(4)]
+    trace = write_file(tmp_path, "\n".join(rows) + "\n", "trace.csv")
+    config_path = write_file(tmp_path, (
+        f"cluster: arnold-i\ntrace: csv:{trace}\noutputs: {{dir: {tmp_path / 'out'}, report: false}}\n"
+        "policy:\n  name: quota\n  params:\n    quotas: {A: 64, B: 32}\n"), "sim.yaml")
+    outputs = run_config(load_config(config_path))
+    assert 0.0 < outputs.summary["quota_jain_index"] <= 1.0
+    assert {row["vc"] for row in outputs.summary["quota_per_vc"]} >= {"A", "B"}
