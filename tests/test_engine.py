@@ -210,3 +210,19 @@ def test_run_ends_when_a_stranded_job_last_stopped():
     (stranded,) = result.jobs
     assert stranded.end_time is None and stranded.first_start == 0.0
     assert result.end_time == 1.0
+
+
+def test_resize_and_migrate_pauses_cost_time_on_the_new_gpus(small_clos):
+    def at50(ctx):
+        return [Migrate("a", Allocation.single(7, 8), "move", pause_s=10.0)]
+
+    def at70(ctx):
+        return [Resize("a", Allocation.single(7, 4), "shrink", pause_s=20.0)]
+
+    policy = Scripted({50.0: at50, 70.0: at70})
+    specs = [job("a", 0, 8, 100), job("t1", 50, 1, 0), job("t2", 70, 1, 0)]
+    a = by_id(simulate(small_clos, specs, policy))["a"]
+    # t=50: 50 s of work left; a 10 s pause then 10 s of work by t=70 leaves 40 s;
+    # halving the GPUs: a 20 s pause, then 40 s of work at half speed (80 s)
+    assert a.end_time == pytest.approx(70 + 20 + 80)
+    assert a.gpu_seconds == pytest.approx(8 * 70 + 4 * 100)

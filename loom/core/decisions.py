@@ -40,21 +40,25 @@ class Resume:
 
 @dataclass(frozen=True, slots=True)
 class Migrate:
-    """Move a running job to other GPUs of the same count."""
+    """Move a running job to other GPUs of the same count; it makes no progress
+    for `pause_s` (checkpoint, transfer, restart) while holding the new GPUs."""
 
     job_id: str
     allocation: Allocation
     reason: str
+    pause_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class Resize:
-    """Give a running job a different number of GPUs, keeping its logical world size."""
+    """Give a running job a different number of GPUs, keeping its logical world
+    size; `pause_s` as for Migrate (the checkpoint-restart cost of rescaling)."""
 
     job_id: str
     allocation: Allocation
     reason: str
     plan: ParallelPlan | None = None
+    pause_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

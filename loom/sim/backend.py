@@ -78,7 +78,9 @@ class SimBackend:
             job.plan = d.plan or job.plan
         else:
             job.migrations += 1
-        self._run_on(job, d.allocation, now)
+        if d.pause_s < 0:
+            raise DecisionError(f"negative pause for '{job.job_id}'")
+        self._run_on(job, d.allocation, now, d.pause_s)
 
     def _reserve(self, d: Reserve, now: float) -> None:
         if d.reservation_id in self.ctx.reservations:
@@ -100,10 +102,11 @@ class SimBackend:
         self.events.push(d.at, EventKind.TIMER, ("wake", None))
 
     # ------------------------------------------------------------ progress
-    def _run_on(self, job: Job, alloc: Allocation, now: float) -> None:
+    def _run_on(self, job: Job, alloc: Allocation, now: float, pause_s: float = 0.0) -> None:
         rate = self.speed.rate(job, alloc, self.ctx.topology)
         if not rate > 0:
             raise DecisionError(f"speed model gave rate {rate} for job '{job.job_id}'")
+        job.remaining += rate * pause_s  # a pause costs as much work as it lasts, on the GPUs held
         job.allocation = alloc
         job.rate = rate
         job.since = now
