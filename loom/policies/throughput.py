@@ -1,0 +1,72 @@
+"""Job throughput estimates shared by heterogeneity-aware and elastic policies.
+
+`Throughputs.of(spec, gpu_type, gpus)` is a job's iterations per second on
+`gpus` GPUs of a type, with the best plan the estimator finds (what a job
+actually achieves once started); `dp_only=True` gives the data-parallel
+scaling estimate the baselines decide with (Crius §7: Gavel, Sia and
+ElasticFlow allocate from DP scaling, but run jobs with the best plan).
+Jobs without a `loom.perf` model preset fall back to linear scaling of their
+requested size (rate ∝ GPUs, the trace semantics). Memoised per
+(model, batch, type, count, GPUs per node, dp_only).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from loom.hardware.topology import Topology
+from loom.perf.estimator import Estimator
+from loom.perf.inputs import Hardware, TrainingJob
+from loom.perf.presets import preset, preset_names
+from loom.perf.search import Choices, candidate_plans, search_plans
+from loom.workload.job import JobSpec
+
+DEFAULT_BATCH = 256
+
+
+class Throughputs:
+    """Iterations per second of a job on `gpus` GPUs of a type (0 when it cannot run)."""
+
+    def __init__(self, topology: Topology, default_batch: int = DEFAULT_BATCH) -> None:
+        self.topology = topology
+        self.default_batch = default_batch
+        self.estimator = Estimator()
+        self._cached = lru_cache(maxsize=1 << 16)(self._compute)
+
+    def of(self, spec: JobSpec, gpu_type: str, gpus: int, dp_only: bool = False) -> float:
+        if gpus <= 0:
+            return 0.0
+        if not spec.model or spec.model not in preset_names():
+            return gpus / spec.gpus  # trace semantics: the requested size runs at rate 1
+        per_node = self.gpus_per_node(gpu_type)
+        return self._cached(spec.model, spec.batch_size or self.default_batch, gpu_type, gpus, per_node, dp_only)
+
+    def normalised(self, spec: JobSpec, gpu_type: str, gpus: int, dp_only: bool = False) -> float:
+        """Throughput relative to the job's request (its GPU count on its GPU type, or the
+        best type when it asked for none): 1.0 = as requested."""
+        reference_type = spec.gpu_type or self.best_type(spec, spec.gpus, dp_only)
+        reference = self.of(spec, reference_type, spec.gpus, dp_only)
+        return self.of(spec, gpu_type, gpus, dp_only) / reference if reference > 0 else 0.0
+
+    def best_type(self, spec: JobSpec, gpus: int, dp_only: bool = False) -> str:
+        return max(self.topology.gpu_types, key=lambda t: self.of(spec, t, gpus, dp_only))
+
+    def gpus_per_node(self, gpu_type: str) -> int:
+        type_id = self.topology.type_id(gpu_type)
+        counts = self.topology.node_gpus if type_id is None else self.topology.node_gpus[
+            self.topology.node_type == type_id]
+        return int(counts.max())
+
+    def _compute(self, model: str, batch: int, gpu_type: str, gpus: int, per_node: int, dp_only: bool) -> float:
+        global_batch = -(-batch // gpus) * gpus
+        job = TrainingJob(preset(model), global_batch)
+        hardware = Hardware(gpu_type, gpus_per_node=per_node)
+        choices = Choices(tp=1, pp=1, vpp=1) if dp_only else Choices(vpp=1)
+        result = search_plans(job, hardware, gpus, choices=choices, top=1, estimator=self.estimator)
+        if result.best is not None:
+            return batch / global_batch / result.best.iteration_s
+        if dp_only:  # DP-only does not fit in memory: the baseline still believes DP scaling
+            fastest = min((self.estimator.estimate(job, hardware, p) for p in
+                           candidate_plans(job, hardware, gpus, choices)), key=lambda e: e.iteration_s, default=None)
+            return 0.0 if fastest is None else batch / global_batch / fastest.iteration_s
+        return 0.0
