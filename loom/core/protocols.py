@@ -59,7 +59,8 @@ POLICIES: Registry[type] = Registry(
     "policy",
     "loom.policies",
     ("loom.policies.fcfs", "loom.policies.sjf", "loom.policies.easy", "loom.policies.priority",
-     "loom.policies.quota", "loom.policies.reservation"),
+     "loom.policies.quota", "loom.policies.reservation", "loom.policies.crius", "loom.policies.gavel",
+     "loom.policies.gandiva", "loom.policies.elasticflow", "loom.policies.sia"),
 )
 PLACERS: Registry[type] = Registry(
     "placer",
@@ -73,5 +74,5 @@ PLACERS: Registry[type] = Registry(
     ),
 )
 SPEED_MODELS: Registry[type] = Registry(
-    "speed model", "loom.speed_models", ("loom.sim.speed", "loom.sim.estimator_speed")
+    "speed model", "loom.speed_models", ("loom.sim.speed", "loom.sim.estimator_speed", "loom.sim.arena_profile")
 )

@@ -1,0 +1,191 @@
+"""Sia (Jayaram Subramanya et al., SOSP'23): heterogeneity-aware, goodput-based
+elastic allocation, re-solved every round.
+
+Rules as built here
+-------------------
+* **Rounds.** The policy acts at round boundaries only, every `round_s`
+  seconds, kept going with `Timer` decisions while any job is queued or
+  running; a job arriving between rounds waits for the next one (at an idle
+  cluster the first arrival opens a round at once).
+* **Goodput = throughput.** Sia multiplies throughput by a statistical
+  efficiency learned online; Loom has no such model, so goodput is the DP-only
+  throughput estimate, normalised to the job's request:
+  `Throughputs.normalised(spec, type, g, dp_only=True)` (1.0 = its request).
+* **Configurations.** Every GPU type the job may use (`spec.gpu_types` when
+  given, otherwise all types: Sia chooses the type and ignores
+  `spec.gpu_type`), and power-of-two counts from request ÷ `max_scale` to
+  request × `max_scale` (plus the request), within the type's capacity.
+* **Objective.** Maximise Σ_j u(goodput_j) with u(x) = x^p / p (p < 0: fairness
+  — every job gets something before any grows; p = 0: log). A running job's
+  goodput in a configuration other than its current one is discounted by
+  `1 − pause_s / round_s` (Sia's restart penalty). Per-type capacity is the
+  healthy GPUs of that type.
+* **Solver.** Greedy (not Sia's ILP). Phase 1: jobs in order of decreasing
+  request (hardest to fit first) each take the free configuration of at most
+  their request with the highest utility. Phase 2: repeatedly apply the
+  configuration change with the highest utility gain per added GPU that fits
+  the remaining capacity (same-type growth, or a move to another type),
+  until no change gains. A lazy heap keeps this near O(moves · log jobs).
+* **Applying.** Changed running jobs get `Resize` (other count) or `Migrate`
+  (same count, other type), both carrying `pause_s`; jobs without a
+  configuration are preempted; a running job whose new shape cannot be placed
+  keeps its GPUs this round.
+
+Parameters: `round_s` (in [1, 3600], default 120), `p` (< 1, default −0.5),
+`pause_s` (≥ 0, default 30), `max_scale` (integer ≥ 1, default 4).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+from loom.core.context import SchedulingContext
+from loom.core.decisions import Decision, Timer
+from loom.core.jobs import Job
+from loom.core.protocols import POLICIES
+from loom.core.round import RoundPlan
+from loom.policies.elasticflow import Target, apply_targets, check_number, healthy_capacity, power_sizes, type_of
+from loom.policies.throughput import Throughputs
+
+EPSILON = 1e-3  # goodput of "no GPUs" in the utility (x^p is infinite at 0 for p < 0)
+
+
+@POLICIES.register("sia")
+class Sia:
+    name = "sia"
+
+    def __init__(self, round_s: float = 120.0, p: float = -0.5, pause_s: float = 30.0, max_scale: int = 4) -> None:
+        self.round_s = float(check_number(round_s, "round_s", low=1, high=3600))
+        self.p = float(check_number(p, "p", high=1, high_open=True))
+        self.pause_s = float(check_number(pause_s, "pause_s", low=0))
+        self.max_scale = int(check_number(max_scale, "max_scale", low=1, integer=True))
+        self.next_round = -math.inf
+        self.rounds_solved = 0
+        self._tp: Throughputs | None = None
+
+    def utility(self, x: float) -> float:
+        x = max(x, EPSILON)
+        return math.log(x) if self.p == 0 else x ** self.p / self.p
+
+    def schedule(self, ctx: SchedulingContext) -> list[Decision]:
+        if not ctx.pending and not ctx.running:
+            self.next_round = -math.inf  # idle: the next arrival opens a round at once
+            return []
+        if ctx.now < self.next_round:
+            return []  # between rounds (a Timer for the next one is outstanding)
+        self.next_round = ctx.now + self.round_s
+        if self._tp is None or self._tp.topology is not ctx.topology:
+            self._tp = Throughputs(ctx.topology)
+        targets = self._solve(ctx)
+        self.rounds_solved += 1
+        plan = RoundPlan(ctx)
+
+        def reason(job: Job, target: Target | None) -> str:
+            if target is None:
+                return "sia: preempted, no configuration this round"
+            return (f"sia: round at {ctx.now:.0f}s gives {target[1]} × {target[0]} "
+                    f"(normalised goodput {self._tp.normalised(job.spec, target[0], target[1], True):.2f}, p={self.p})")
+
+        apply_targets(plan, targets, self.pause_s, reason)
+        plan.decisions.append(Timer(self.next_round, f"sia: next round in {self.round_s:.0f}s"))
+        return plan.decisions
+
+    def _solve(self, ctx: SchedulingContext) -> dict[str, Target]:
+        tp = self._tp
+        assert tp is not None
+        topo, state = ctx.topology, ctx.state
+        free = {t: healthy_capacity(state, t) for t in topo.gpu_types}
+        jobs = sorted([*ctx.running.values(), *ctx.pending.values()], key=lambda j: j.key)
+        keep = 1.0 - min(1.0, self.pause_s / self.round_s)
+        options: dict[str, dict[str, list[tuple[int, float]]]] = {}  # job → type → [(gpus, utility)]
+        current: dict[str, Target | None] = {}
+        for job in jobs:
+            spec = job.spec
+            types = spec.gpu_types or topo.gpu_types
+            now_at = (type_of(topo, job.allocation), job.allocation.total) if job.allocation is not None else None
+            per_type = {}
+            for t in types:
+                if t not in free or free[t] <= 0:
+                    continue
+                low = max(1, spec.gpus // self.max_scale)
+                sizes = power_sizes(spec.gpus, low, min(free[t], spec.gpus * self.max_scale))
+                row = []
+                for g in sizes:
+                    x = tp.normalised(spec, t, g, dp_only=True)
+                    if now_at is not None and (t, g) != now_at:
+                        x *= keep
+                    if x > 0:
+                        row.append((g, self.utility(x)))
+                if row:
+                    per_type[t] = row
+            options[job.job_id] = per_type
+            current[job.job_id] = None
+        by_id = {j.job_id: j for j in jobs}
+        version = dict.fromkeys(by_id, 0)
+        base = self.utility(0.0)
+
+        def best_move(jid: str) -> tuple[float, str, int, int] | None:
+            """(gain per added GPU, type, gpus, GPUs needed) of the best feasible change."""
+            cur = current[jid]
+            u_cur = base
+            if cur is not None:
+                u_cur = dict(options[jid][cur[0]])[cur[1]]
+            best = None
+            for t, row in options[jid].items():
+                for g, u in row:
+                    if cur is not None and t == cur[0]:
+                        if g <= cur[1]:
+                            continue
+                        need = g - cur[1]
+                    else:
+                        need = g
+                    if need > free[t] or u <= u_cur:
+                        continue
+                    gain = (u - u_cur) / need
+                    if best is None or gain > best[0]:
+                        best = (gain, t, g, need)
+            return best
+
+        heap: list[tuple[float, int, str, int]] = []
+
+        def push(jid: str) -> None:
+            move = best_move(jid)
+            if move is not None:
+                heapq.heappush(heap, (-move[0], by_id[jid].key, jid, version[jid]))
+
+        # phase 1: every job one configuration of at most its request, largest requests first
+        # (hardest to fit), each taking the best utility still free
+        for job in sorted(jobs, key=lambda j: (-j.spec.gpus, j.key)):
+            choices = [(u, -g, t, g) for t, row in options[job.job_id].items() for g, u in row
+                       if g <= job.spec.gpus and g <= free[t]]
+            if choices:
+                _, _, t, g = max(choices)
+                current[job.job_id] = (t, g)
+                free[t] -= g
+        # phase 2: growth and moves by utility gain per added GPU
+        for jid in by_id:
+            push(jid)
+        while heap:
+            _, _, jid, ver = heapq.heappop(heap)
+            if ver != version[jid]:
+                continue
+            move = best_move(jid)  # capacity may have shrunk since it was pushed
+            if move is None:
+                continue
+            if -heap[0][0] > move[0] if heap else False:
+                heapq.heappush(heap, (-move[0], by_id[jid].key, jid, ver))
+                continue
+            _, t, g, need = move
+            cur = current[jid]
+            if cur is not None and cur[0] != t:
+                free[cur[0]] += cur[1]  # moved off its old type: others may now use it
+                for other in by_id:
+                    if other != jid:
+                        version[other] += 1
+                        push(other)
+            free[t] -= need
+            current[jid] = (t, g)
+            version[jid] += 1
+            push(jid)
+        return {jid: cfg for jid, cfg in current.items() if cfg is not None}
