@@ -150,3 +150,11 @@ def test_bad_speed_model_parameters_name_the_field():
         EstimatorSpeed(trace_models="guess")
     with pytest.raises(LoomInputError, match="interference"):
         EstimatorSpeed(interference=1.5)
+
+
+def test_iteration_scale_shortens_derived_durations(arena):
+    full = EstimatorSpeed().prepare([arena_job()], arena)[0].duration
+    fifth = EstimatorSpeed(iteration_scale=0.2).prepare([arena_job()], arena)[0].duration
+    assert fifth == pytest.approx(full * 0.2)
+    with pytest.raises(LoomInputError, match="iteration_scale"):
+        EstimatorSpeed(iteration_scale=0)

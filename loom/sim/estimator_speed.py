@@ -12,6 +12,8 @@ oversubscription; `loom.perf.placement`). A job placed as requested and
 packed runs for exactly its derived duration.
 
 Documented rules:
+- ``iteration_scale`` multiplies trace iterations (0.2 reproduces the Arena
+  simulator's convention of dividing them by 5);
 - the model name must be a `loom.perf` preset (e.g. ``bert__2.6B``); the
   global batch is the trace's batch size (sequences, or images for a cnn);
 - trace jobs that carry a duration but no preset keep trace semantics (rate ∝
@@ -63,7 +65,10 @@ class EstimatorSpeed:
     name = "estimator"
 
     def __init__(self, default_batch: int = DEFAULT_BATCH, placement_aware: bool = True,
-                 interference: float = 0.05, trace_models: str = "keep") -> None:
+                 interference: float = 0.05, trace_models: str = "keep", iteration_scale: float = 1.0) -> None:
+        if not iteration_scale > 0:
+            raise LoomInputError(f"must be > 0, got {iteration_scale!r}", field="speed_model.params.iteration_scale")
+        self.iteration_scale = iteration_scale  # Arena's simulator runs trace iterations / 5 (0.2)
         if trace_models not in TRACE_MODEL_RULES:
             raise LoomInputError(f"must be one of {', '.join(TRACE_MODEL_RULES)}, got {trace_models!r}",
                                  field="speed_model.params.trace_models")
@@ -96,7 +101,7 @@ class EstimatorSpeed:
                 )
             gpu_type = spec.gpu_type or _largest_type(topology)
             seconds = self.iteration_seconds(spec, gpu_type, spec.gpus, topology)
-            out.append(replace(spec, duration=spec.iterations * seconds))
+            out.append(replace(spec, duration=spec.iterations * self.iteration_scale * seconds))
         return out
 
     def rate(self, job: Job, allocation: Allocation, topology: Topology) -> float:
