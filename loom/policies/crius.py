@@ -74,6 +74,7 @@ from loom.hardware.state import Allocation
 from loom.perf.cells import build_cells
 from loom.perf.inputs import Hardware, TrainingJob
 from loom.perf.presets import preset, preset_names
+from loom.policies.throughput import Throughputs
 
 DEFAULT_BATCH = 256
 
@@ -151,6 +152,7 @@ class Crius:
             self._type_masks[t] = mask
             self._hardware[t] = Hardware(t, gpus_per_node=int(topo.node_gpus[mask].max()))
         self._capacity = {t: int(topo.node_gpus[m].sum()) for t, m in self._type_masks.items()}
+        self._throughputs = Throughputs(topo)
 
     def cells_of(self, job: Job) -> JobCells:
         cached = self._cells.get(job.job_id)
@@ -180,7 +182,18 @@ class Crius:
                     plan = ce.estimate.plan
                     options[key] = Option(key[0], key[1], ce.tokens_per_s / ref, ce.cell.stages,
                                           plan if plan.world_size == key[1] else None)
-        if not options:  # no preset (or nothing fits in memory): the request as given
+        if not options and spec.model and spec.model in preset_names():
+            # No Cell fits in memory (e.g. a large Wide-ResNet: the estimator has no
+            # offload or expert parallelism): value options by the throughput the
+            # speed model charges anyway (fastest plan ignoring memory), so such jobs
+            # can still move to faster GPUs or scale.
+            ref = self._throughputs.of(spec, spec.gpu_type or allowed[0], n, dp_only=True)
+            for t in allowed:
+                for count in {max(1, n // 2), n, 2 * n}:
+                    thr = self._throughputs.of(spec, t, count, dp_only=True)
+                    if ref > 0 and thr > 0 and count <= self._capacity[t]:
+                        options[(t, count)] = Option(t, count, thr / ref, 1, None)
+        if not options:  # no preset: the request as given
             types = [spec.gpu_type] if spec.gpu_type in self._hardware else allowed
             for t in types:
                 if n <= self._capacity[t]:
@@ -422,8 +435,12 @@ class _Round:
         return False, False
 
     def start_pass(self) -> None:
-        for job in self.remaining_queue():
-            opts = sorted((o for o in self.p.cells_of(job).options.values() if o.gpus <= job.gpus),
+        queue = list(self.remaining_queue())
+        for position, job in enumerate(queue):
+            # Nobody waits behind it: start in the 2N Cell at once when that is
+            # better (no restart cost later); otherwise at most its request.
+            limit = job.gpus * 2 if position == len(queue) - 1 else job.gpus
+            opts = sorted((o for o in self.p.cells_of(job).options.values() if o.gpus <= limit),
                           key=lambda o: (-o.value, o.gpus))
             for opt in opts:
                 ok, opp = self.usable(job, opt)
