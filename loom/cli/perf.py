@@ -7,7 +7,6 @@ prints one red line and exits 2; a job that does not fit in memory exits 1.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from enum import Enum
 from typing import Annotated, Any
 
@@ -17,6 +16,7 @@ from rich.table import Column, Table
 
 from loom.cli.errors import err_console, user_errors
 from loom.errors import LoomInputError
+from loom.perf.search import Choices
 
 console = Console()
 
@@ -71,21 +71,22 @@ Cells = Annotated[bool, typer.Option("--cells/--no-cells", help="Also list Crius
 CUSTOM_FLAGS = ("--layers", "--hidden", "--heads", "--seq", "--vocab")
 
 
-@dataclass(frozen=True, slots=True)
-class Knobs:
-    """Plan knobs given on the command line; None = not given."""
+def _command_inputs(model: Any, layers: Any, hidden: Any, heads: Any, seq: Any, vocab: Any, ffn_hidden: Any,
+                    gpu_type: str, gpus_per_node: int, nic_gbps: Any, global_batch: int, precision: Precision,
+                    no_flash: bool, grad_bytes: int, activation_bytes: int, dp_minipods: int, pp_minipods: int,
+                    knobs: Choices) -> tuple[Any, Any, Any, Choices]:
+    """What `estimate` and `plan` share: the job, hardware, group spread and pinned knobs."""
+    spec = build_model(model, {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq, "vocab": vocab},
+                       ffn_hidden)
+    job, hardware = build_inputs(gpu_type, gpus_per_node, nic_gbps, spec, global_batch, precision, no_flash,
+                                 grad_bytes, activation_bytes)
+    return job, hardware, build_placement(dp_minipods, pp_minipods), knobs
 
-    tp: int | None = None
-    pp: int | None = None
-    dp: int | None = None
-    micro_batch: int | None = None
-    vpp: int | None = None
-    zero: int | None = None
-    recompute: str | None = None
 
-    def unset(self) -> list[str]:
-        return [name for name in ("tp", "pp", "dp", "micro_batch", "vpp", "zero", "recompute")
-                if getattr(self, name) is None]
+def _unset(knobs: Any) -> list[str]:
+    """Plan knobs not given on the command line (searched)."""
+    return [name for name in ("tp", "pp", "dp", "micro_batch", "vpp", "zero", "recompute")
+            if getattr(knobs, name) is None]
 
 
 def build_model(model: str | None, shape: dict[str, int | None], ffn_hidden: int | None) -> Any:
@@ -123,7 +124,7 @@ def build_placement(dp_minipods: int, pp_minipods: int) -> Any:
     return Placement(dp_minipods=dp_minipods, pp_minipods=pp_minipods)
 
 
-def _check_pinned(job: Any, gpus: int, knobs: Knobs) -> None:
+def _check_pinned(job: Any, gpus: int, knobs: Choices) -> None:
     """Reject pinned tp/pp/vpp that no plan for this job could use, naming the flag."""
     from loom.perf.inputs import PlanError
 
@@ -136,19 +137,17 @@ def _check_pinned(job: Any, gpus: int, knobs: Knobs) -> None:
         raise PlanError(f"layers ({job.model.layers}) not divisible by pp·vpp = {pp}·{vpp}", field="pp")
 
 
-def _search(job: Any, hardware: Any, gpus: int, knobs: Knobs, top: int, placement: Any = None) -> Any:
+def _search(job: Any, hardware: Any, gpus: int, knobs: Choices, top: int, placement: Any = None) -> Any:
     from loom.perf.inputs import PlanError
-    from loom.perf.search import Choices, search_plans
+    from loom.perf.search import search_plans
 
-    choices = Choices(tp=knobs.tp, pp=knobs.pp, dp=knobs.dp, micro_batch=knobs.micro_batch, vpp=knobs.vpp,
-                      zero=knobs.zero, recompute=knobs.recompute)
-    result = search_plans(job, hardware, gpus, choices=choices, top=top, placement=placement or build_placement(1, 1))
+    result = search_plans(job, hardware, gpus, choices=knobs, top=top, placement=placement or build_placement(1, 1))
     if not result.considered:
         raise PlanError(result.reason, field="plan")
     return result
 
 
-def _fixed_knobs(job: Any, gpus: int, knobs: Knobs) -> Knobs:
+def _fixed_knobs(job: Any, gpus: int, knobs: Choices) -> Choices:
     """Without --plan auto: tp, pp, vpp default to 1 and dp to GPUs/(tp·pp); check the plan."""
     from loom.core.plan import ParallelPlan
     from loom.perf.inputs import check_plan
@@ -157,10 +156,10 @@ def _fixed_knobs(job: Any, gpus: int, knobs: Knobs) -> Knobs:
     dp = knobs.dp or gpus // (tp * pp)
     trial = ParallelPlan(dp, tp, pp, knobs.micro_batch or 1, vpp, knobs.zero or 0, knobs.recompute or "none")
     check_plan(job, trial, gpus)  # PlanError naming the field
-    return Knobs(tp, pp, dp, knobs.micro_batch, vpp, knobs.zero, knobs.recompute)
+    return Choices(tp, pp, dp, knobs.micro_batch, vpp, knobs.zero, knobs.recompute)
 
 
-def resolve(job: Any, hardware: Any, gpus: int, knobs: Knobs, auto: bool, placement: Any = None
+def resolve(job: Any, hardware: Any, gpus: int, knobs: Choices, auto: bool, placement: Any = None
             ) -> tuple[Any, str, list[str]]:
     """(estimate or None, reason when nothing fits, knobs that were searched)."""
     from loom.core.plan import ParallelPlan
@@ -169,7 +168,7 @@ def resolve(job: Any, hardware: Any, gpus: int, knobs: Knobs, auto: bool, placem
     _check_pinned(job, gpus, knobs)
     if not auto:
         knobs = _fixed_knobs(job, gpus, knobs)
-    searched = knobs.unset()
+    searched = _unset(knobs)
     if searched:
         result = _search(job, hardware, gpus, knobs, top=1, placement=placement)
         return result.best, result.reason, searched
@@ -222,12 +221,10 @@ def estimate(
     pp_minipods: PpMinipods = 1,
 ) -> None:
     """Iteration time, throughput, MFU and memory of one plan; omitted knobs are searched."""
-    spec = build_model(model, {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq, "vocab": vocab},
-                       ffn_hidden)
-    job, hardware = build_inputs(gpu_type, gpus_per_node, nic_gbps, spec, global_batch, precision, no_flash_attention,
-                                 grad_bytes, activation_bytes)
-    placement = build_placement(dp_minipods, pp_minipods)
-    knobs = Knobs(tp, pp, dp, micro_batch, vpp, zero, recompute.value if recompute else None)
+    job, hardware, placement, knobs = _command_inputs(
+        model, layers, hidden, heads, seq, vocab, ffn_hidden, gpu_type, gpus_per_node, nic_gbps, global_batch,
+        precision, no_flash_attention, grad_bytes, activation_bytes, dp_minipods, pp_minipods,
+        Choices(tp, pp, dp, micro_batch, vpp, zero, recompute.value if recompute else None))
     best, reason, searched = resolve(job, hardware, gpus, knobs, plan is PlanMode.auto, placement)
     if as_json:
         out = best.as_dict() if best is not None else {"feasible": False, "reason": reason}
@@ -276,12 +273,10 @@ def plan(
     pp_minipods: PpMinipods = 1,
 ) -> None:
     """The fastest feasible plans (every knob not pinned is searched), best first."""
-    spec = build_model(model, {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq, "vocab": vocab},
-                       ffn_hidden)
-    job, hardware = build_inputs(gpu_type, gpus_per_node, nic_gbps, spec, global_batch, precision, no_flash_attention,
-                                 grad_bytes, activation_bytes)
-    placement = build_placement(dp_minipods, pp_minipods)
-    knobs = Knobs(tp, pp, dp, micro_batch, vpp, zero, recompute.value if recompute else None)
+    job, hardware, placement, knobs = _command_inputs(
+        model, layers, hidden, heads, seq, vocab, ffn_hidden, gpu_type, gpus_per_node, nic_gbps, global_batch,
+        precision, no_flash_attention, grad_bytes, activation_bytes, dp_minipods, pp_minipods,
+        Choices(tp, pp, dp, micro_batch, vpp, zero, recompute.value if recompute else None))
     _check_pinned(job, gpus, knobs)
     result = _search(job, hardware, gpus, knobs, top=top, placement=placement)
     if as_json:

@@ -16,7 +16,6 @@ import numpy as np
 
 from loom.errors import LoomInputError
 
-
 MAX_GPUS_PER_NODE = 1024  # beyond any real server: a larger count is a typo
 
 
@@ -186,6 +185,17 @@ class Topology:
             mask = self.node_type == tid
             out[name] = (int(mask.sum()), int(self.node_gpus[mask].sum()))
         return out
+
+    def gpus_per_node(self, gpu_type: str | None) -> int:
+        """The largest node of a GPU type (of the cluster when the type is absent or None)."""
+        type_id = None if gpu_type is None else self.type_id(gpu_type)
+        if type_id is None:
+            return int(self.node_gpus.max())
+        return int(self.node_gpus[self.node_type == type_id].max())
+
+    def largest_gpu_type(self) -> str:
+        """The GPU type with the most GPUs."""
+        return max(self.gpus_by_type().items(), key=lambda kv: kv[1][1])[0]
 
 
 def _check_gpu_types(names: list[str], source: str | None) -> None:

@@ -228,7 +228,7 @@ class ElasticFlow:
         self._last = key
         if self._tp is None or self._tp.topology is not ctx.topology:
             self._tp = Throughputs(ctx.topology)
-        topo, state = ctx.topology, ctx.state
+        state = ctx.state
         jobs = [*ctx.running.values(), *ctx.pending.values()]
         jobs.sort(key=lambda j: j.key)
         pools: dict[str | None, list[Job]] = {}

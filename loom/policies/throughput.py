@@ -38,7 +38,7 @@ class Throughputs:
             return 0.0
         if not spec.model or spec.model not in preset_names():
             return gpus / spec.gpus  # trace semantics: the requested size runs at rate 1
-        per_node = self.gpus_per_node(gpu_type)
+        per_node = self.topology.gpus_per_node(gpu_type)
         return self._cached(spec.model, spec.batch_size or self.default_batch, gpu_type, gpus, per_node, dp_only)
 
     def normalised(self, spec: JobSpec, gpu_type: str, gpus: int, dp_only: bool = False) -> float:
@@ -51,11 +51,6 @@ class Throughputs:
     def best_type(self, spec: JobSpec, gpus: int, dp_only: bool = False) -> str:
         return max(self.topology.gpu_types, key=lambda t: self.of(spec, t, gpus, dp_only))
 
-    def gpus_per_node(self, gpu_type: str) -> int:
-        type_id = self.topology.type_id(gpu_type)
-        counts = self.topology.node_gpus if type_id is None else self.topology.node_gpus[
-            self.topology.node_type == type_id]
-        return int(counts.max())
 
     def _compute(self, model: str, batch: int, gpu_type: str, gpus: int, per_node: int, dp_only: bool) -> float:
         global_batch = -(-batch // gpus) * gpus

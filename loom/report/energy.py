@@ -37,7 +37,7 @@ def energy(result: SimulationResult) -> dict[str, float]:
     """kWh busy, idle and total over the run (failed GPUs draw nothing)."""
     idle_w, board = gpu_power()
     topo = result.topology
-    default_type = max(topo.gpus_by_type().items(), key=lambda kv: kv[1][1])[0]
+    default_type = topo.largest_gpu_type()
     busy_j = 0.0
     for job in result.jobs:
         if not job.gpu_seconds:

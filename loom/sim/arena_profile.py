@@ -68,7 +68,6 @@ import numbers
 import pickle
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +77,7 @@ from loom.errors import LoomInputError
 from loom.hardware.gpus import resolve_gpu_type
 from loom.hardware.state import Allocation
 from loom.hardware.topology import Topology
+from loom.sim.estimator_speed import derive_durations
 from loom.workload.job import JobSpec
 
 TABLES = ("auto", "optimal", "all")
@@ -128,22 +128,15 @@ class ArenaProfileSpeed:
 
     def prepare(self, specs: Sequence[JobSpec], topology: Topology) -> list[JobSpec]:
         """Give every job without a duration one: iterations × iteration_scale × t(requested)."""
-        out = []
-        for spec in specs:
-            if spec.duration is not None:
-                out.append(spec)
-                continue
-            if not spec.iterations or not spec.model:
-                raise LoomInputError(
-                    "job has no duration and no model/iterations to derive one from", field=f"job {spec.job_id}"
-                )
-            gpu_type = spec.gpu_type or _largest_type(topology)
-            seconds = self.requested_seconds(spec, gpu_type, topology)
-            if seconds is None:
+
+        def seconds(spec: JobSpec, gpu_type: str) -> float:
+            found = self.requested_seconds(spec, gpu_type, topology)
+            if found is None:
                 self._missed(spec, gpu_type)
-                seconds = self._fallback_model().iteration_seconds(spec, gpu_type, spec.gpus, topology)
-            out.append(replace(spec, duration=spec.iterations * self.iteration_scale * seconds))
-        return out
+                found = self._fallback_model().iteration_seconds(spec, gpu_type, spec.gpus, topology)
+            return found
+
+        return derive_durations(specs, topology, self.iteration_scale, seconds)
 
     def rate(self, job: Job, allocation: Allocation, topology: Topology) -> float:
         spec = job.spec
@@ -161,7 +154,7 @@ class ArenaProfileSpeed:
     # -- lookups -------------------------------------------------------------------
     def requested_seconds(self, spec: JobSpec, gpu_type: str, topology: Topology) -> float | None:
         """Iteration time on the requested GPUs packed as Arena's best locality (None: not profiled)."""
-        per_node = _gpus_per_node(topology, gpu_type)
+        per_node = topology.gpus_per_node(gpu_type)
         per_host = min(spec.gpus, per_node)
         hosts = -(-spec.gpus // per_host)
         return self.lookup(spec.model, spec.batch_size, gpu_type, hosts, per_host, spec.gpus)
@@ -282,14 +275,3 @@ def _seconds(value: Any, source: str, where: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(float(value)):
         raise LoomInputError(f"expected an iteration time in seconds, got {value!r}", source=source, field=where)
     return float(value) if float(value) > 0 else None
-
-
-def _gpus_per_node(topology: Topology, gpu_type: str) -> int:
-    type_id = topology.type_id(gpu_type)
-    if type_id is None:
-        return int(topology.node_gpus.max())
-    return int(topology.node_gpus[topology.node_type == type_id].max())
-
-
-def _largest_type(topology: Topology) -> str:
-    return max(topology.gpus_by_type().items(), key=lambda kv: kv[1][1])[0]

@@ -33,7 +33,7 @@ Documented rules:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import lru_cache
 from typing import Any
@@ -89,20 +89,9 @@ class EstimatorSpeed:
         self._ctx = ctx
 
     def prepare(self, specs: Sequence[JobSpec], topology: Topology) -> list[JobSpec]:
-        """Give every job without a duration one: iterations × t(requested)."""
-        out = []
-        for spec in specs:
-            if spec.duration is not None:
-                out.append(spec)
-                continue
-            if not spec.iterations or not spec.model:
-                raise LoomInputError(
-                    "job has no duration and no model/iterations to derive one from", field=f"job {spec.job_id}"
-                )
-            gpu_type = spec.gpu_type or _largest_type(topology)
-            seconds = self.iteration_seconds(spec, gpu_type, spec.gpus, topology)
-            out.append(replace(spec, duration=spec.iterations * self.iteration_scale * seconds))
-        return out
+        """Give every job without a duration one: iterations × scale × t(requested)."""
+        return derive_durations(specs, topology, self.iteration_scale,
+                                lambda spec, gpu_type: self.iteration_seconds(spec, gpu_type, spec.gpus, topology))
 
     def rate(self, job: Job, allocation: Allocation, topology: Topology) -> float:
         spec = job.spec
@@ -110,10 +99,10 @@ class EstimatorSpeed:
         if model is None:
             return allocation.total / spec.gpus
         gpu_type = topology.gpu_types[int(topology.node_type[allocation.nodes[0]])]
-        per_node = _gpus_per_node(topology, gpu_type)
+        per_node = topology.gpus_per_node(gpu_type)
         batch = spec.batch_size or self.default_batch
         reference = self._best(model, batch, spec.gpu_type or gpu_type, spec.gpus,
-                               _gpus_per_node(topology, spec.gpu_type or gpu_type))
+                               topology.gpus_per_node(spec.gpu_type or gpu_type))
         plan = job.plan if job.plan is not None and job.plan.world_size == allocation.total else None
         actual = self._actual(model, batch, gpu_type, per_node, allocation, plan, topology)
         return reference[0] * reference[1] / (actual * self._interference(allocation, topology, job))
@@ -129,7 +118,7 @@ class EstimatorSpeed:
     # -- estimates ---------------------------------------------------------------
     def iteration_seconds(self, spec: JobSpec, gpu_type: str, gpus: int, topology: Topology) -> float:
         batch = spec.batch_size or self.default_batch
-        seconds, scale, _ = self._best(spec.model, batch, gpu_type, gpus, _gpus_per_node(topology, gpu_type))
+        seconds, scale, _ = self._best(spec.model, batch, gpu_type, gpus, topology.gpus_per_node(gpu_type))
         return seconds * scale
 
     def _actual(self, model: str, batch: int, gpu_type: str, per_node: int, allocation: Allocation,
@@ -204,12 +193,19 @@ def _batch_for(batch: int, gpus: int) -> int:
     return -(-batch // gpus) * gpus
 
 
-def _gpus_per_node(topology: Topology, gpu_type: str) -> int:
-    type_id = topology.type_id(gpu_type)
-    if type_id is None:
-        return int(topology.node_gpus.max())
-    return int(topology.node_gpus[topology.node_type == type_id].max())
-
-
-def _largest_type(topology: Topology) -> str:
-    return max(topology.gpus_by_type().items(), key=lambda kv: kv[1][1])[0]
+def derive_durations(specs: Sequence[JobSpec], topology: Topology, iteration_scale: float,
+                     seconds: Callable[[JobSpec, str], float]) -> list[JobSpec]:
+    """Jobs that state work (model, iterations) get `iterations × scale ×
+    seconds(spec, gpu type asked for)`; jobs with a duration are kept."""
+    out = []
+    for spec in specs:
+        if spec.duration is not None:
+            out.append(spec)
+            continue
+        if not spec.iterations or not spec.model:
+            raise LoomInputError(
+                "job has no duration and no model/iterations to derive one from", field=f"job {spec.job_id}"
+            )
+        per_iteration = seconds(spec, spec.gpu_type or topology.largest_gpu_type())
+        out.append(replace(spec, duration=spec.iterations * iteration_scale * per_iteration))
+    return out
