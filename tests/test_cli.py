@@ -36,7 +36,7 @@ def test_simulate_writes_all_outputs(trace, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["jobs"] == 5 and summary["finished"] == 4 and summary["rejected"] == 1
     for key in ("avg_jct_s", "p50_jct_s", "p99_jct_s", "avg_queue_s", "p99_queue_s", "makespan_s",
-                "gpu_utilization", "sim_wall_s", "events_per_s"):
+                "gpu_utilization", "sim_wall_s", "events_per_s", "decision_ms_median", "decision_ms_p99"):
         assert key in summary
     jobs = pl.read_parquet(out / "jobs.parquet")
     assert jobs.height == 5

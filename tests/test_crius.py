@@ -110,7 +110,43 @@ def test_starved_job_gets_priority_and_starts(hetero):
     assert not others
 
 
+def model_job(jid: str, t: float, gpus: int, iterations: int = 20000) -> JobSpec:
+    return JobSpec(job_id=jid, submit_time=t, gpus=gpus, gpu_type="A100-80GB", gpu_types=("A100-80GB",),
+                   model="bert__760M", batch_size=128, iterations=iterations)
+
+
+def test_idle_gpus_go_to_a_larger_cell_at_start(hetero):
+    crius = Crius(profiling_s_per_cell=0.0)
+    result = Simulation(hetero, [model_job("a", 0.0, 4)], crius, BestFit(), EstimatorSpeed()).run()
+    start = next(d for _, d in result.decisions if isinstance(d, Start))
+    assert start.allocation.total > 4  # 8 or 16 A100s rather than the 4 it asked for
+    assert "idle GPUs" in start.reason and start.plan is not None and start.plan.world_size == start.allocation.total
+    alone = Simulation(hetero, [model_job("a", 0.0, 4)], Crius(profiling_s_per_cell=0.0, max_scale=1), BestFit(),
+                       EstimatorSpeed()).run()
+    assert result.jobs[0].end_time < alone.jobs[0].end_time  # the larger Cell is faster
+
+
+def test_new_job_admitted_by_shrinking_a_grown_one(hetero):
+    crius = Crius(profiling_s_per_cell=0.0)
+    specs = [model_job("a", 0.0, 8, iterations=200000), model_job("b", 1000.0, 8)]
+    result = Simulation(hetero, specs, crius, BestFit(), EstimatorSpeed()).run()
+    a_start = next(d for _, d in result.decisions if isinstance(d, Start) and d.job_id == "a")
+    assert a_start.allocation.total == 16  # every A100, nobody else waiting
+    shrink = [(t, d) for t, d in result.decisions if isinstance(d, Resize) and d.job_id == "a"]
+    assert shrink and shrink[0][0] == 1000.0 and shrink[0][1].allocation.total == 8
+    assert "made room for b" in shrink[0][1].reason and shrink[0][1].pause_s == crius.restart_delay_s
+    b = next(j for j in result.jobs if j.job_id == "b")
+    a = next(j for j in result.jobs if j.job_id == "a")
+    assert b.first_start == 1000.0 < a.end_time  # not queued behind a
+    b_start = next(d for _, d in result.decisions if isinstance(d, Start) and d.job_id == "b")
+    assert "admitted after 1 rescale" in b_start.reason
+    assert crius.stats["admitted_by_rescaling"] == 1
+
+
 @pytest.mark.parametrize("params, field", [
+    ({"max_scale": 0}, "max_scale"),
+    ({"admit_depth": -1}, "admit_depth"),
+    ({"admit_min_gain": float("inf")}, "admit_min_gain"),
     ({"search_depth": -1}, "search_depth"),
     ({"restart_delay_s": -5.0}, "restart_delay_s"),
     ({"profiling_s_per_cell": float("nan")}, "profiling_s_per_cell"),

@@ -226,3 +226,25 @@ def test_resize_and_migrate_pauses_cost_time_on_the_new_gpus(small_clos):
     # halving the GPUs: a 20 s pause, then 40 s of work at half speed (80 s)
     assert a.end_time == pytest.approx(70 + 20 + 80)
     assert a.gpu_seconds == pytest.approx(8 * 70 + 4 * 100)
+
+
+class SlowWhenQueued(Scripted):
+    """FCFS that sleeps 1 ms per waiting job: latency must follow the queue it saw."""
+
+    def schedule(self, ctx: SchedulingContext):
+        import time
+        time.sleep(0.001 * len(ctx.pending))
+        return super().schedule(ctx)
+
+
+def test_decision_latency_recorded_per_round_with_its_queue(small_clos):
+    from loom.report.metrics import latency_by_queue, summary
+    specs = [job("a", 0, 64, 100)] + [job(f"w{i}", 1 + i, 64, 1) for i in range(6)]
+    result = simulate(small_clos, specs, SlowWhenQueued())
+    assert len(result.round_seconds) == len(result.round_queue) == result.rounds
+    assert max(result.round_queue) == 6
+    s = summary(result)
+    assert 0 < s["decision_ms_median"] <= s["decision_ms_p99"] <= s["decision_ms_max"]
+    rows = {r["queue"]: r for r in latency_by_queue(result, edges=(0, 3, 6))}
+    assert rows["6+"]["median_ms"] >= 6.0 > rows["0-2"]["median_ms"]
+    assert sum(r["rounds"] for r in rows.values()) == result.rounds

@@ -86,7 +86,7 @@ def _print_summary(stats: dict[str, Any], out_dir: Path) -> None:
     table = Table(title="summary", show_header=False)
     for key in ("jobs", "finished", "rejected", "unfinished", "avg_jct_s", "p50_jct_s", "p99_jct_s",
                 "avg_queue_s", "p99_queue_s", "makespan_s", "gpu_utilization", "preemptions",
-                "sim_wall_s", "events_per_s"):
+                "sim_wall_s", "events_per_s", "decision_ms_median", "decision_ms_p99"):
         value = stats[key]
         table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else f"{value:,}")
     console.print(table)

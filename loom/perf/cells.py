@@ -81,11 +81,14 @@ class CellComparison:
 
 
 # -- candidate Cells -----------------------------------------------------------
-def candidate_cells(gpus_requested: int, gpu_types: Sequence[str], layers: int) -> list[Cell]:
-    """Counts N/2, N, 2N × stages 1, 2, 4, … ≤ min(count, layers) × GPU types: O(3·log N) per type."""
+def candidate_cells(gpus_requested: int, gpu_types: Sequence[str], layers: int,
+                    counts: Sequence[int] | None = None) -> list[Cell]:
+    """Counts N/2, N, 2N (Crius's; or the `counts` given) × stages 1, 2, 4, … ≤ min(count, layers)
+    × GPU types: O(3·log N) per type."""
     if gpus_requested < 1 or layers < 1:
         raise ValueError(f"need gpus_requested ≥ 1 and layers ≥ 1, got {gpus_requested}, {layers}")
-    counts = ([gpus_requested // 2] if gpus_requested % 2 == 0 else []) + [gpus_requested, 2 * gpus_requested]
+    if counts is None:
+        counts = ([gpus_requested // 2] if gpus_requested % 2 == 0 else []) + [gpus_requested, 2 * gpus_requested]
     cells = []
     for gpu_type in gpu_types:
         for count in counts:
@@ -373,10 +376,11 @@ def tune_cell(
 
 # -- scheduling entry points ------------------------------------------------------
 def build_cells(
-    job: TrainingJob, gpus_requested: int, hardware_by_type: Mapping[str, Hardware], estimator: Estimator | None = None
+    job: TrainingJob, gpus_requested: int, hardware_by_type: Mapping[str, Hardware], estimator: Estimator | None = None,
+    counts: Sequence[int] | None = None,
 ) -> list[CellEstimate]:
     """Every candidate Cell estimated, best throughput first, infeasible last."""
-    cells = candidate_cells(gpus_requested, list(hardware_by_type), job.model.layers)
+    cells = candidate_cells(gpus_requested, list(hardware_by_type), job.model.layers, counts)
     estimates = [estimate_cell(job, c, hardware_by_type[c.gpu_type], estimator) for c in cells]
     return sorted(estimates, key=lambda e: (e.estimate is None, -e.tokens_per_s))
 

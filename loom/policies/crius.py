@@ -1,59 +1,52 @@
 """Crius (seed 002, patent seed 003): Cell-based, heterogeneity- and elasticity-aware scheduling.
 
-Cells. Each job gets its candidate Cells once (`loom.perf.cells.build_cells`:
-counts N/2, N, 2N × pipeline stages × GPU types of the cluster, N = requested
-GPUs), cached per job. A (GPU type, count) option is worth its best Cell's
-throughput divided by the job's throughput *as requested* (best Cell on its
-requested type and N GPUs; the best N-GPU Cell of any type when it asked for no
-type or that does not fit in memory): 1.0 = as requested. Cluster throughput is
-the sum of these values over running jobs (a pending job counts 0). A job
-without a `loom.perf` preset has one option per allowed type, N GPUs, worth 1.0.
-
-Profiling delay. Crius profiles every Cell's stages on single devices, GPU
-types in parallel: a job may start no earlier than
-``submit + max over types (that type's candidate Cells × profiling_s_per_cell)``
-(`profiling_delay_s[job_id]`, quoted in the start reason); a `Timer` wakes the
-scheduler when the next job becomes ready.
+Each job's options and their values come from its Cells (`loom.policies.crius_cells`):
+(GPU type, count N/2, N, 2N, …, max_scale·N) valued by the best Cell's
+throughput relative to the job as requested. Cluster throughput is the sum of
+these values over running jobs (a pending job counts 0). A job becomes ready
+after its profiling delay (a `Timer` wakes the scheduler then).
 
 One round (on every arrival / completion / timer), in this order:
 
-1. *Opportunistic preemption (patent claim 5).* If the job holding GPUs (below)
-   can now start on its held type using free GPUs plus those of the
-   opportunistic jobs running there, those jobs are preempted (most recently
-   started first, only as many as needed) and it starts.
-2. *Resume first.* Ready pending jobs are ordered: starved jobs (waited
-   > `starvation_s`) first, then previously started (preempted) jobs, then new
-   jobs, each in arrival order; only the first `max_candidates` are considered.
-   Running jobs scaled below their request are restored to N on their type
-   (Resize) before any new job starts.
-3. *Start pass.* Each candidate in order starts in its best-valued fitting option
-   with at most N GPUs (ties: fewer GPUs), placed by the context's placer on
-   that type's nodes, with that Cell's plan. Free GPUs held for a blocked job
-   are off limits, except that with `opportunistic` a job of at most half the
-   held job's size may run there and is marked opportunistic.
-4. *Greedy search, `search_depth` steps.* Candidate actions that change running
-   jobs, each scored by Δ cluster throughput:
-   (a) scale a running job down to its N/2 Cell (2N → N first) so that the first
-       blocked pending job fits: Δ = v(new job) + v(shrunk) − v(before);
-   (b) scale a running job up to its 2N Cell on free, unheld GPUs of its type;
-   (c) switch a running job to another GPU type (Migrate at the same count,
-       Resize otherwise).
-   Only the `max_candidates` largest running jobs are considered; (b) and (c)
-   must gain at least `min_gain` and the job must have at least
-   `min_remaining_factor × restart_delay_s` left (the checkpoint-restart cost,
-   charged as `pause_s` on every Resize/Migrate). The best action with Δ > 0 is
-   applied, the start pass reruns, and the loop repeats until `search_depth`
-   actions were taken or none improves. A job changes at most once per round.
-5. *Hold.* If the first pending candidate still cannot start, it holds its best
-   N-GPU option's type: up to N free GPUs of that type are held for it (step 3).
+1. *Head first (patent claim 5).* The job that was first blocked last round (the
+   head) starts if its target option (best N-GPU option on a type that can hold
+   N) fits, counting the GPUs of the opportunistic jobs running there for it:
+   those are preempted (most recently started first, only as many as needed).
+2. *Anti-starvation.* A ready job that has waited more than `starvation_s` goes
+   to the front; while it is blocked, no other job may start or grow on the type
+   it targets (a hard hold), opportunistic jobs there are preempted and running
+   jobs there are shrunk (never below their N/2 Cell, largest release first)
+   until it fits. As jobs there finish and nothing else may take their GPUs, it
+   eventually starts.
+3. *Admission, in queue order* (starved, then arrival order). A job starts in its
+   best-valued option of at most N GPUs that fits. Otherwise, for the first
+   `max_candidates` blocked jobs, a bounded search (≤ `admit_depth` moves)
+   makes room on one type: halve a running job there to its next lower Cell or
+   move it to another type with free GPUs; moves are taken greedily by value lost
+   per GPU freed (a single covering move is also tried). The best option/moves
+   pair is applied if Δ cluster throughput = v(new job) − Σ loss > `admit_min_gain`
+   (−0.5 by default: a waiting job costs JCT, so a small throughput loss is
+   accepted — Arena admits at any loss; e.g. halving a 2N job on linear scaling
+   to admit an N-GPU job is Δ = 0).
+   A job that starts while an earlier job is blocked runs *opportunistically* for
+   it when it lands on the head's target type (step 1 may preempt it later).
+4. *Growth, `search_depth` greedy steps.* Running jobs move up: a larger Cell on
+   their type using free GPUs (also restoring shrunk jobs), or another GPU type at
+   no more than max(current, N) GPUs. Steps are taken best Δ first; a step must
+   gain at least `min_gain` and the job must have at least
+   `min_remaining_factor × restart_delay_s` left. A job changes at most once per
+   round; opportunistic jobs are left alone.
+5. *Hold.* The first still-blocked job becomes the head. With
+   `opportunistic=False` (or when starved) its free GPUs are held: up to N free
+   GPUs of its target type that no one else may use.
 
-Anti-starvation. A pending job that has waited more than `starvation_s` goes to
-the front (step 2), and while it is blocked: no other job may start or grow on
-the type it targets (its best N-GPU option whose type can hold N), and running
-jobs there are shrunk (never below N/2 of their request, largest GPU release
-first, outside the search depth) until it fits; opportunistic jobs there are
-preempted. As running jobs on that type finish and nothing else may take their
-GPUs, it eventually starts.
+Every Resize/Migrate charges `restart_delay_s` of checkpoint-restart as `pause_s`.
+
+`max_scale` = 4 by default: Crius's Cells stop at 2N (``max_scale=2``), but its
+successor Arena, whose simulation results we compare with, grows jobs by
+doubling up to 16 GPUs; on arena-philly 4N cuts average JCT by a third.
+A job started in this round may start on a larger Cell instead when GPUs stay
+idle after admission (no restart to pay).
 """
 
 from __future__ import annotations
@@ -61,66 +54,58 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from loom.core.context import SchedulingContext
 from loom.core.decisions import Decision, Migrate, Resize, Timer
 from loom.core.jobs import Job
-from loom.core.plan import ParallelPlan
 from loom.core.protocols import POLICIES
 from loom.core.round import RoundPlan
 from loom.errors import LoomInputError
 from loom.hardware.state import Allocation
-from loom.perf.cells import build_cells
-from loom.perf.inputs import Hardware, TrainingJob
-from loom.perf.presets import preset, preset_names
-from loom.policies.throughput import Throughputs
-
-DEFAULT_BATCH = 256
+from loom.policies.crius_cells import CellBook, JobCells, Option
 
 
 @dataclass(frozen=True, slots=True)
-class Option:
-    """A job on `gpus` GPUs of `gpu_type` with the best Cell's plan there."""
+class Hold:
+    """The head of the queue: the job first blocked, its target and whether its GPUs are held."""
 
+    job_id: str
     gpu_type: str
     gpus: int
-    value: float  # throughput relative to the job as requested
-    stages: int
-    plan: ParallelPlan | None
+    hard: bool
 
 
-@dataclass(slots=True)
-class JobCells:
-    options: dict[tuple[str, int], Option]
-    delay_s: float
-    requested: int
-
-
-def _check(name: str, value: float, ok: bool, rule: str) -> None:
+def _check(name: str, value: object, ok: bool, rule: str) -> None:
     if not ok:
         raise LoomInputError(f"must be {rule}, got {value!r}", field=f"policy.params.{name}")
+
+
+def _is_int(v: object, low: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 @POLICIES.register("crius")
 class Crius:
     name = "crius"
 
-    def __init__(self, search_depth: int = 3, restart_delay_s: float = 30.0, profiling_s_per_cell: float = 20.0,
-                 starvation_s: float = 3600.0, opportunistic: bool = True, max_candidates: int = 16,
-                 min_gain: float = 0.1, min_remaining_factor: float = 20.0) -> None:
-        _check("search_depth", search_depth, isinstance(search_depth, int) and not isinstance(search_depth, bool)
-               and search_depth >= 0, "a whole number ≥ 0")
+    def __init__(self, search_depth: int = 8, admit_depth: int = 3, restart_delay_s: float = 30.0,
+                 profiling_s_per_cell: float = 20.0, starvation_s: float = 3600.0, opportunistic: bool = True,
+                 max_candidates: int = 16, min_gain: float = 0.05, min_remaining_factor: float = 10.0,
+                 max_scale: int = 4, admit_min_gain: float = -0.5) -> None:
+        for name, v, low in (("search_depth", search_depth, 0), ("admit_depth", admit_depth, 0),
+                             ("max_candidates", max_candidates, 1), ("max_scale", max_scale, 1)):
+            _check(name, v, _is_int(v, low), f"a whole number ≥ {low}")
         for name, v in (("restart_delay_s", restart_delay_s), ("profiling_s_per_cell", profiling_s_per_cell),
                         ("min_gain", min_gain), ("min_remaining_factor", min_remaining_factor)):
-            _check(name, v, isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0,
-                   "a finite number ≥ 0")
-        _check("starvation_s", starvation_s, isinstance(starvation_s, (int, float)) and not isinstance(
-            starvation_s, bool) and starvation_s > 0, "a number > 0")
+            _check(name, v, _is_number(v) and v >= 0, "a finite number ≥ 0")
+        _check("starvation_s", starvation_s, _is_number(starvation_s) and starvation_s > 0, "a number > 0")
+        _check("admit_min_gain", admit_min_gain, _is_number(admit_min_gain), "a finite number")
         _check("opportunistic", opportunistic, isinstance(opportunistic, bool), "true or false")
-        _check("max_candidates", max_candidates, isinstance(max_candidates, int) and not isinstance(
-            max_candidates, bool) and max_candidates >= 1, "a whole number ≥ 1")
         self.search_depth = search_depth
+        self.admit_depth = admit_depth
         self.restart_delay_s = float(restart_delay_s)
         self.profiling_s_per_cell = float(profiling_s_per_cell)
         self.starvation_s = float(starvation_s)
@@ -128,90 +113,35 @@ class Crius:
         self.max_candidates = max_candidates
         self.min_gain = float(min_gain)
         self.min_remaining_factor = float(min_remaining_factor)
+        self.max_scale = max_scale
+        self.admit_min_gain = float(admit_min_gain)
         self.profiling_delay_s: dict[str, float] = {}
-        self.held: tuple[str, str, int] | None = None  # (job id, GPU type, GPUs) held for a blocked head
-        self.opportunistic_jobs: dict[str, str] = {}  # job id → the job whose held GPUs it runs on
-        self.stats = {"starts": 0, "resizes": 0, "migrations": 0, "opportunistic_starts": 0,
-                      "opportunistic_preemptions": 0, "starved_shrinks": 0}
-        self._cells: dict[str, JobCells] = {}
-        self._timers: set[float] = set()
+        self.held: Hold | None = None
+        self.opportunistic_jobs: dict[str, str] = {}  # job id → the head whose GPUs it runs on
+        self.stats = {"starts": 0, "resizes": 0, "migrations": 0, "admitted_by_rescaling": 0, "grown": 0,
+                      "opportunistic_starts": 0, "opportunistic_preemptions": 0, "starved_shrinks": 0}
+        self._book: CellBook | None = None
         self._topo_key: int | None = None
-        self._hardware: dict[str, Hardware] = {}
-        self._type_masks: dict[str, np.ndarray] = {}
+        self._timers: set[float] = set()
 
-    # ------------------------------------------------------------ Cells
-    def _setup(self, ctx: SchedulingContext) -> None:
-        if self._topo_key == id(ctx.topology):
-            return
-        topo = ctx.topology
-        self._topo_key = id(topo)
-        self._hardware = {}
-        self._type_masks = {}
-        for tid, t in enumerate(topo.gpu_types):
-            mask = topo.node_type == tid
-            self._type_masks[t] = mask
-            self._hardware[t] = Hardware(t, gpus_per_node=int(topo.node_gpus[mask].max()))
-        self._capacity = {t: int(topo.node_gpus[m].sum()) for t, m in self._type_masks.items()}
-        self._throughputs = Throughputs(topo)
+    def book(self, ctx: SchedulingContext) -> CellBook:
+        if self._book is None or self._topo_key != id(ctx.topology):
+            self._book = CellBook(ctx.topology, self.max_scale, self.profiling_s_per_cell)
+            self._topo_key = id(ctx.topology)
+        return self._book
 
     def cells_of(self, job: Job) -> JobCells:
-        cached = self._cells.get(job.job_id)
-        if cached is not None:
-            return cached
-        spec, n = job.spec, job.gpus
-        allowed = [t for t in self._hardware if (spec.gpu_types is None or t in spec.gpu_types)]
-        options: dict[tuple[str, int], Option] = {}
-        per_type: dict[str, int] = {}
-        if spec.model and spec.model in preset_names():
-            batch = spec.batch_size or DEFAULT_BATCH
-            tj = TrainingJob(preset(spec.model), -(-batch // (2 * n)) * (2 * n))
-            estimates = build_cells(tj, n, {t: self._hardware[t] for t in allowed})
-            best: dict[tuple[str, int], object] = {}
-            for ce in estimates:
-                per_type[ce.cell.gpu_type] = per_type.get(ce.cell.gpu_type, 0) + 1
-                key = (ce.cell.gpu_type, ce.cell.gpus)
-                if ce.estimate is not None and (key not in best or ce.tokens_per_s > best[key].tokens_per_s):
-                    best[key] = ce
-            ref = best[(spec.gpu_type, n)].tokens_per_s if (spec.gpu_type, n) in best else 0.0
-            if ref <= 0:
-                ref = max((ce.tokens_per_s for (t, c), ce in best.items() if c == n), default=0.0)
-            if ref <= 0:
-                ref = max((ce.tokens_per_s for ce in best.values()), default=0.0)
-            for key, ce in best.items():
-                if ref > 0 and key[1] <= self._capacity[key[0]]:
-                    plan = ce.estimate.plan
-                    options[key] = Option(key[0], key[1], ce.tokens_per_s / ref, ce.cell.stages,
-                                          plan if plan.world_size == key[1] else None)
-        if not options and spec.model and spec.model in preset_names():
-            # No Cell fits in memory (e.g. a large Wide-ResNet: the estimator has no
-            # offload or expert parallelism): value options by the throughput the
-            # speed model charges anyway (fastest plan ignoring memory), so such jobs
-            # can still move to faster GPUs or scale.
-            ref = self._throughputs.of(spec, spec.gpu_type or allowed[0], n, dp_only=True)
-            for t in allowed:
-                for count in {max(1, n // 2), n, 2 * n}:
-                    thr = self._throughputs.of(spec, t, count, dp_only=True)
-                    if ref > 0 and thr > 0 and count <= self._capacity[t]:
-                        options[(t, count)] = Option(t, count, thr / ref, 1, None)
-        if not options:  # no preset: the request as given
-            types = [spec.gpu_type] if spec.gpu_type in self._hardware else allowed
-            for t in types:
-                if n <= self._capacity[t]:
-                    options[(t, n)] = Option(t, n, 1.0, 1, None)
-                per_type[t] = 1
-        delay = max(per_type.values(), default=0) * self.profiling_s_per_cell
-        cells = JobCells(options, delay, n)
-        self._cells[job.job_id] = cells
-        self.profiling_delay_s[job.job_id] = delay
+        assert self._book is not None, "schedule() builds the Cell book first"
+        cells = self._book.of(job)
+        self.profiling_delay_s[job.job_id] = cells.delay_s
         return cells
 
     def value(self, job: Job, gpu_type: str, gpus: int) -> float:
         opt = self.cells_of(job).options.get((gpu_type, gpus))
         return opt.value if opt else 0.0
 
-    # ------------------------------------------------------------ round
     def schedule(self, ctx: SchedulingContext) -> list[Decision]:
-        self._setup(ctx)
+        self.book(ctx)
         r = _Round(self, ctx)
         r.run()
         return r.plan.decisions + r.extra
@@ -233,30 +163,38 @@ class _Round:
             alloc = job.allocation
             assert alloc is not None
             self.cur[jid] = (alloc, self.topo.gpu_types[int(self.topo.node_type[alloc.nodes[0]])])
-        # forget state about jobs that are gone
-        p = policy
-        p.opportunistic_jobs = {j: h for j, h in p.opportunistic_jobs.items() if j in ctx.running}
-        if p.held is not None and p.held[0] not in ctx.pending:
-            p.held = None
+        state = ctx.state
+        self.free = {t: int(state.free[m].sum()) for t, m in policy.book(ctx).type_masks.items()}
+        pending = set(ctx.pending)
+        policy.opportunistic_jobs = {j: h for j, h in policy.opportunistic_jobs.items()
+                                     if j in ctx.running and h in pending}
+        if policy.held is not None and policy.held.job_id not in pending:
+            policy.held = None
         self.starved_type: str | None = None
+        self.starved: set[str] = set()
+        self.queue: list[Job] = []
+        self.head: Job | None = None  # first job blocked this round
+        self.job_of: dict[str, Job] = dict(ctx.running)
+        self.fresh: dict[str, Decision] = {}  # job started this round → its Start/Resume decision
 
     # -- helpers ---------------------------------------------------------------
-    def free_of(self, gpu_type: str) -> int:
-        return int(self.plan.view.free[self.p._type_masks[gpu_type]].sum())
+    def options(self, job: Job) -> dict[tuple[str, int], Option]:
+        return self.p.cells_of(job).options
 
-    def held_free(self, gpu_type: str) -> int:
-        """Free GPUs of `gpu_type` held for the blocked head (0 if none there)."""
+    def avail(self, gpu_type: str, job: Job) -> int:
+        """Free GPUs of `gpu_type` that `job` may use (held GPUs and a starved type excluded)."""
         held = self.p.held
-        if held is None or held[1] != gpu_type:
+        if held is None or held.job_id == job.job_id or held.gpu_type != gpu_type:
+            return self.free[gpu_type]
+        if self.starved_type == gpu_type:
             return 0
-        return min(self.free_of(gpu_type), held[2])
+        return self.free[gpu_type] - min(self.free[gpu_type], held.gpus) if held.hard else self.free[gpu_type]
 
     def place(self, job: Job, gpu_type: str, gpus: int) -> Allocation | None:
-        state = self.plan.view
-        mask = state.usable_mask(None, gpu_type)
-        if gpus > state.free_total:
+        if gpus > self.free[gpu_type]:
             return None
-        return self.plan.placer.place(job.spec, gpus, state, mask)
+        state = self.plan.view
+        return self.plan.placer.place(job.spec, gpus, state, state.usable_mask(None, gpu_type))
 
     def remaining_s(self, job: Job) -> float:
         return job.expected_end(self.now) - self.now
@@ -266,192 +204,162 @@ class _Round:
                 f"(cell throughput {opt.value:.2f}× requested)")
 
     def ready(self, job: Job) -> bool:
-        cells = self.p.cells_of(job)
-        return self.now >= job.spec.submit_time + cells.delay_s - 1e-9
+        return self.now >= job.spec.submit_time + self.p.cells_of(job).delay_s - 1e-9
 
     def current_value(self, job: Job) -> float:
         alloc, t = self.cur[job.job_id]
         return self.p.value(job, t, alloc.total)
 
+    def target(self, job: Job) -> Option | None:
+        """The N-GPU option a blocked job waits for: best value on a type that can hold it."""
+        opts = [o for o in self.options(job).values() if o.gpus == job.gpus] or list(self.options(job).values())
+        return max(opts, key=lambda o: (o.value, -o.gpus), default=None)
+
     # -- actions ---------------------------------------------------------------
-    def start(self, job: Job, opt: Option, why: str, opportunistic_for: str | None = None) -> bool:
+    def start(self, job: Job, opt: Option, why: str) -> bool:
         alloc = self.place(job, opt.gpu_type, opt.gpus)
         if alloc is None:
             return False
-        delay = self.p.profiling_delay_s[job.job_id]
+        p = self.p
         verb = "resume" if job.first_start is not None else "start"
-        reason = f"crius: {verb} {job.job_id} on {self.describe(opt)}; {why}; profiled {delay:.0f}s"
-        if opportunistic_for is not None:
-            reason += f"; opportunistic on GPUs held for {opportunistic_for}"
-            self.p.opportunistic_jobs[job.job_id] = opportunistic_for
-            self.p.stats["opportunistic_starts"] += 1
+        reason = f"crius: {verb} {job.job_id} on {self.describe(opt)}; {why}; profiled {p.profiling_delay_s[job.job_id]:.0f}s"
+        head = p.held
+        if (self.head is not None and head is not None and head.job_id == self.head.job_id and p.opportunistic
+                and head.gpu_type == opt.gpu_type and job.job_id != head.job_id):
+            reason += f"; opportunistic while {head.job_id} waits"
+            p.opportunistic_jobs[job.job_id] = head.job_id
+            p.stats["opportunistic_starts"] += 1
         self.plan.start(job, alloc, reason, opt.plan)
+        self.free[opt.gpu_type] -= opt.gpus
         self.touched.add(job.job_id)
-        self.p.stats["starts"] += 1
+        self.cur[job.job_id] = (alloc, opt.gpu_type)
+        self.job_of[job.job_id] = job
+        self.fresh[job.job_id] = self.plan.decisions[-1]
+        p.stats["starts"] += 1
         return True
+
+    def enlarge_start(self, job: Job, opt: Option, delta: float) -> bool:
+        """Start a job started this round on a larger Cell instead (no restart to pay)."""
+        jid = job.job_id
+        old, t = self.cur[jid]
+        state = self.plan.state
+        state.release(old)
+        self.free[t] += old.total
+        alloc = self.place(job, opt.gpu_type, opt.gpus)
+        if alloc is None:
+            state.allocate(old)
+            self.free[t] -= old.total
+            return False
+        state.allocate(alloc)
+        self.free[opt.gpu_type] -= alloc.total
+        # the new start goes last: decisions made since may have freed the GPUs it now uses
+        decisions = self.plan.decisions
+        index = next(i for i, d in enumerate(decisions) if d is self.fresh[jid])
+        kind = type(decisions.pop(index))
+        verb = "resume" if job.first_start is not None else "start"
+        reason = (f"crius: {verb} {jid} on {self.describe(opt)}; idle GPUs, its Cell gains most from them "
+                  f"(Δ throughput {delta:+.2f}); profiled {self.p.profiling_delay_s[jid]:.0f}s; "
+                  f"{self.plan.placer.name} on {len(alloc.nodes)} node(s)")
+        decisions.append(kind(jid, alloc, reason, opt.plan))
+        self.fresh[jid] = decisions[-1]
+        self.plan.started = [(j, alloc if j.job_id == jid else a) for j, a in self.plan.started]
+        self.cur[jid] = (alloc, opt.gpu_type)
+        return True
+
+    def preempt(self, job: Job, why: str) -> None:
+        alloc, t = self.cur.pop(job.job_id)
+        self.plan.preempt(job, why)
+        self.free[t] += alloc.total
+        self.p.opportunistic_jobs.pop(job.job_id, None)
+        self.touched.add(job.job_id)
 
     def rescale(self, job: Job, opt: Option, why: str) -> bool:
         """Resize (count changes) or Migrate (same count, other type) `job` to `opt`."""
         old, old_type = self.cur[job.job_id]
         state = self.plan.state
         state.release(old)
+        self.free[old_type] += old.total
         if opt.gpu_type == old_type and opt.gpus < old.total:  # shrink in place
             nodes, gpus, left = [], [], opt.gpus
             for node, g in zip(old.nodes, old.gpus):
                 if left <= 0:
                     break
-                take = min(g, left)
                 nodes.append(node)
-                gpus.append(take)
-                left -= take
+                gpus.append(min(g, left))
+                left -= gpus[-1]
             alloc: Allocation | None = Allocation(tuple(nodes), tuple(gpus))
         else:
             alloc = self.place(job, opt.gpu_type, opt.gpus)
         if alloc is None:
             state.allocate(old)
+            self.free[old_type] -= old.total
             return False
         state.allocate(alloc)
+        self.free[opt.gpu_type] -= alloc.total
         pause = self.p.restart_delay_s
-        if opt.gpus == old.total and opt.gpu_type != old_type:
-            reason = (f"crius: migrate {job.job_id} {old.total}×{old_type} → {self.describe(opt)}; {why}; "
-                      f"restart {pause:.0f}s")
+        verb = "migrate" if opt.gpus == old.total and opt.gpu_type != old_type else "resize"
+        reason = f"crius: {verb} {job.job_id} {old.total}×{old_type} → {self.describe(opt)}; {why}; restart {pause:.0f}s"
+        if verb == "migrate":
             self.plan.decisions.append(Migrate(job.job_id, alloc, reason, pause))
             self.p.stats["migrations"] += 1
         else:
-            reason = (f"crius: resize {job.job_id} {old.total}×{old_type} → {self.describe(opt)}; {why}; "
-                      f"restart {pause:.0f}s")
             self.plan.decisions.append(Resize(job.job_id, alloc, reason, opt.plan, pause))
             self.p.stats["resizes"] += 1
         self.cur[job.job_id] = (alloc, opt.gpu_type)
         self.touched.add(job.job_id)
         return True
 
-    # -- steps -----------------------------------------------------------------
+    # -- the round -------------------------------------------------------------
     def run(self) -> None:
         ctx, p = self.ctx, self.p
-        pending = [j for j in ctx.pending.values()]
-        for job in pending:
-            p.cells_of(job)
+        pending = list(ctx.pending.values())
         waiting = [j for j in pending if not self.ready(j)]
         if waiting:
             at = min(j.spec.submit_time + p.profiling_delay_s[j.job_id] for j in waiting)
             if at not in p._timers and at >= self.now:
                 p._timers.add(at)
-                self.extra.append(Timer(at, f"crius: {len([j for j in waiting])} job(s) profiling until then"))
-        ready = [j for j in pending if self.ready(j) and p.cells_of(j).options]
-        starved = {j.job_id for j in ready if self.now - j.spec.submit_time > p.starvation_s}
-        ready.sort(key=lambda j: (j.job_id not in starved, j.first_start is None, j.key))
-        queue = ready[: p.max_candidates]
-        self.queue = queue
-        self.starved = starved
-        self.step_opportunistic()
-        self.restore_scaled_down()
-        self.start_pass()
+                self.extra.append(Timer(at, f"crius: {len(waiting)} job(s) profiling until then"))
+        ready = [j for j in pending if self.ready(j) and self.options(j)]
+        self.starved = {j.job_id for j in ready if self.now - j.spec.submit_time > p.starvation_s}
+        ready.sort(key=lambda j: (j.job_id not in self.starved, j.key))
+        self.queue = ready
+        self.head_first()
         self.anti_starvation()
-        for _ in range(p.search_depth):
-            if not self.search_step():
-                break
-            self.start_pass()
+        self.admit_pass()
+        self.grow_pass()
         self.update_hold()
 
-    def remaining_queue(self) -> list[Job]:
-        return [j for j in self.queue if j.job_id not in self.touched]
-
-    def target(self, job: Job) -> Option | None:
-        """The N-GPU option a blocked job waits for: best value on a type that can hold it."""
-        opts = [o for o in self.p.cells_of(job).options.values() if o.gpus == job.gpus]
-        if not opts:
-            opts = list(self.p.cells_of(job).options.values())
-        return max(opts, key=lambda o: (o.value, -o.gpus), default=None)
-
-    def step_opportunistic(self) -> None:
-        p = self.p
-        if p.held is None:
-            return
-        head_id, t, n = p.held
-        head = self.ctx.pending.get(head_id)
-        if head is None:
-            p.held = None
-            return
-        guests = [self.ctx.running[j] for j, h in p.opportunistic_jobs.items()
-                  if h == head_id and j in self.ctx.running and self.cur[j][1] == t]
-        opt = p.cells_of(head).options.get((t, n))
-        if opt is None:
-            p.held = None
-            return
-        tag = "starved: priority, " if head_id in self.starved else ""
-        if self.start(head, opt, f"{tag}held GPUs now free"):
-            p.held = None
-            return
-        if not guests:
-            return
-        guests.sort(key=lambda g: -(g.last_start or 0.0))
-        trial = self.plan.fork()
-        chosen = []
-        for g in guests:
-            trial.state.release(self.cur[g.job_id][0])
-            chosen.append(g)
-            if self._fits(trial, head, t, n):
-                for v in chosen:
-                    self.plan.preempt(v, f"crius: opportunistic job {v.job_id} preempted: {head_id} can start "
-                                         f"on its held {t} GPUs")
-                    p.opportunistic_jobs.pop(v.job_id, None)
-                    self.touched.add(v.job_id)
-                    p.stats["opportunistic_preemptions"] += 1
-                if self.start(head, opt, f"{tag}preempted {len(chosen)} opportunistic job(s)"):
-                    p.held = None
-                return
-
-    def _fits(self, trial: RoundPlan, job: Job, t: str, n: int) -> bool:
-        state = trial.view
-        return self.plan.placer.place(job.spec, n, state, state.usable_mask(None, t)) is not None
-
-    def restore_scaled_down(self) -> None:
-        for jid, (alloc, t) in list(self.cur.items()):
-            job = self.ctx.running[jid]
-            if jid in self.touched or jid in self.p.opportunistic_jobs or alloc.total >= job.gpus:
-                continue
-            opt = self.p.cells_of(job).options.get((t, job.gpus))
-            if opt is None or t == self.starved_type:
-                continue
-            if self.free_of(t) - self.held_free(t) >= job.gpus - alloc.total:
-                self.rescale(job, opt, f"restored to its request ({alloc.total} → {job.gpus} GPUs)")
-
-    def usable(self, job: Job, opt: Option) -> tuple[bool, bool]:
-        """(may start there, opportunistically) given held / starved GPUs."""
-        t = opt.gpu_type
+    def head_first(self) -> None:
         held = self.p.held
-        if self.starved_type == t and held is not None and held[0] != job.job_id:
-            return False, False
-        free = self.free_of(t)
-        if held is None or held[0] == job.job_id or held[1] != t:
-            return free >= opt.gpus, False
-        h = min(free, held[2])
-        if free - h >= opt.gpus:
-            return True, False
-        if (self.p.opportunistic and free >= opt.gpus and opt.gpus * 2 <= held[2]
-                and held[0] not in self.starved):
-            return True, True
-        return False, False
-
-    def start_pass(self) -> None:
-        queue = list(self.remaining_queue())
-        for position, job in enumerate(queue):
-            # Nobody waits behind it: start in the 2N Cell at once when that is
-            # better (no restart cost later); otherwise at most its request.
-            limit = job.gpus * 2 if position == len(queue) - 1 else job.gpus
-            opts = sorted((o for o in self.p.cells_of(job).options.values() if o.gpus <= limit),
-                          key=lambda o: (-o.value, o.gpus))
-            for opt in opts:
-                ok, opp = self.usable(job, opt)
-                if not ok:
-                    continue
-                why = "starved: priority" if job.job_id in self.starved else "queue order"
-                if self.start(job, opt, why, self.p.held[0] if opp and self.p.held else None):
-                    break
+        if held is None:
+            return
+        head = self.ctx.pending[held.job_id]
+        opt = self.options(head).get((held.gpu_type, held.gpus))
+        if opt is None or not self.ready(head):
+            self.p.held = None
+            return
+        tag = "starved: priority, " if head.job_id in self.starved else ""
+        if self.free[held.gpu_type] >= held.gpus and self.start(head, opt, f"{tag}head of the queue"):
+            self.p.held = None
+            return
+        guests = sorted((self.ctx.running[j] for j, h in self.p.opportunistic_jobs.items()
+                         if h == head.job_id and self.cur[j][1] == held.gpu_type), key=lambda g: -(g.last_start or 0.0))
+        trial = self.plan.fork()
+        for i, guest in enumerate(guests):
+            trial.state.release(self.cur[guest.job_id][0])
+            view = trial.view
+            if self.plan.placer.place(head.spec, held.gpus, view, view.usable_mask(None, held.gpu_type)) is None:
+                continue
+            for g in guests[: i + 1]:
+                self.preempt(g, f"crius: opportunistic job {g.job_id} preempted: {head.job_id} can start on "
+                                f"{held.gpu_type}")
+                self.p.stats["opportunistic_preemptions"] += 1
+            if self.start(head, opt, f"{tag}preempted {i + 1} opportunistic job(s)"):
+                self.p.held = None
+            return
 
     def anti_starvation(self) -> None:
-        blocked = [j for j in self.remaining_queue() if j.job_id in self.starved]
+        blocked = [j for j in self.queue if j.job_id in self.starved and j.job_id not in self.touched]
         if not blocked:
             return
         job = blocked[0]
@@ -459,113 +367,184 @@ class _Round:
         if opt is None:
             return
         t = opt.gpu_type
-        self.p.held = (job.job_id, t, opt.gpus)
+        self.p.held = Hold(job.job_id, t, opt.gpus, hard=True)
         self.starved_type = t
-        # preempt opportunistic guests on its type, shrink elastic jobs there (never below N/2)
-        for gid, h in list(self.p.opportunistic_jobs.items()):
-            if gid in self.ctx.running and self.cur[gid][1] == t and gid not in self.touched:
-                self.plan.preempt(self.ctx.running[gid], f"crius: opportunistic job {gid} preempted for starved "
-                                                         f"{job.job_id}")
-                self.p.opportunistic_jobs.pop(gid, None)
-                self.touched.add(gid)
-                self.p.stats["opportunistic_preemptions"] += 1
+        for gid in [g for g in self.p.opportunistic_jobs if self.cur[g][1] == t and g not in self.touched]:
+            self.preempt(self.ctx.running[gid], f"crius: opportunistic job {gid} preempted for starved {job.job_id}")
+            self.p.stats["opportunistic_preemptions"] += 1
         if self.start(job, opt, "starved: priority"):
             self.p.held = None
             return
         shrinkable = []
         for jid, (alloc, jt) in self.cur.items():
-            r = self.ctx.running[jid]
             if jt != t or jid in self.touched:
                 continue
-            half = r.gpus // 2 if r.gpus % 2 == 0 else r.gpus
-            target = r.gpus if alloc.total > r.gpus else half
-            o = self.p.cells_of(r).options.get((t, target))
-            if o is not None and target < alloc.total:
-                shrinkable.append((alloc.total - target, r, o))
+            r = self.job_of[jid]
+            lower = [c for (tt, c) in self.options(r) if tt == t and c < alloc.total and 2 * c >= r.gpus]
+            if lower:
+                shrinkable.append((alloc.total - min(lower), r, self.options(r)[(t, min(lower))]))
         shrinkable.sort(key=lambda x: -x[0])
         for _, r, o in shrinkable:
-            if self.rescale(r, o, f"shrunk for starved job {job.job_id} (waited "
-                                  f"{self.now - job.spec.submit_time:.0f}s)"):
+            if self.rescale(r, o, f"shrunk for starved job {job.job_id} (waited {self.now - job.spec.submit_time:.0f}s)"):
                 self.p.stats["starved_shrinks"] += 1
                 if self.start(job, opt, "starved: priority, after shrinking running jobs"):
                     self.p.held = None
                     return
 
-    def search_step(self) -> bool:
-        """One greedy step: apply the running-job change with the largest Δ throughput."""
-        p = self.p
-        running = [self.ctx.running[j] for j in self.cur if j not in self.touched and j not in p.opportunistic_jobs]
-        running.sort(key=lambda j: -self.cur[j.job_id][0].total)
-        running = running[: p.max_candidates]
-        best: tuple[float, object] | None = None
-        blocked = self.remaining_queue()
-        # (a) shrink a running job so the first blocked job fits
-        if blocked:
-            job = blocked[0]
-            for r in running:
-                alloc, t = self.cur[r.job_id]
-                target = r.gpus if alloc.total > r.gpus else (r.gpus // 2 if r.gpus % 2 == 0 else 0)
-                shrunk = p.cells_of(r).options.get((t, target))
-                if not target or shrunk is None or target >= alloc.total:
+    def admit_pass(self) -> None:
+        searched, failed = 0, set()
+        for job in self.queue:
+            if job.job_id in self.touched:
+                continue
+            why = "starved: priority" if job.job_id in self.starved else "queue order"
+            opts = sorted((o for o in self.options(job).values() if o.gpus <= job.gpus),
+                          key=lambda o: (-o.value, o.gpus))
+            if any(self.avail(o.gpu_type, job) >= o.gpus and self.start(job, o, why) for o in opts):
+                continue
+            key = (job.spec.model, job.spec.batch_size, job.gpus, job.spec.gpu_types)
+            if searched < self.p.max_candidates and key not in failed and self.p.admit_depth > 0:
+                searched += 1
+                if self.admit_by_rescaling(job, opts):
                     continue
-                freed = alloc.total - target
-                for opt in p.cells_of(job).options.values():
-                    if opt.gpu_type != t or opt.gpus > job.gpus or t == self.starved_type:
-                        continue
-                    if self.free_of(t) - self.held_free(t) + freed < opt.gpus:
-                        continue
-                    delta = opt.value + shrunk.value - self.current_value(r)
-                    if delta > 0 and (best is None or delta > best[0]):
-                        best = (delta, ("shrink", r, shrunk, job, opt))
-        for r in running:
-            alloc, t = self.cur[r.job_id]
-            if self.remaining_s(r) < p.min_remaining_factor * p.restart_delay_s:
+                failed.add(key)
+            if self.head is None:
+                self.head = job
+                held = self.p.held
+                if held is None or held.job_id not in self.starved:  # a starved head keeps its hard hold
+                    opt = self.target(job)
+                    self.p.held = None if opt is None else Hold(job.job_id, opt.gpu_type, opt.gpus,
+                                                                hard=not self.p.opportunistic)
+
+    def freeing_moves(self, gpu_type: str, job: Job) -> list[tuple[float, int, Job, Option]]:
+        """Per running job on `gpu_type`, its cheapest way to free GPUs there, as
+        (value lost, GPUs freed, job, new option): shrink to its next lower Cell, or
+        move to another type with free GPUs at no more GPUs than it has."""
+        moves = []
+        for jid, (alloc, t) in self.cur.items():
+            if t != gpu_type or jid in self.touched or jid in self.p.opportunistic_jobs:
+                continue
+            r = self.ctx.running[jid]
+            if self.remaining_s(r) < self.p.restart_delay_s:
+                continue
+            now_v, options = self.current_value(r), self.options(r)
+            lower = max((c for (t2, c) in options if t2 == gpu_type and c < alloc.total), default=0)
+            cands = [(now_v - options[(gpu_type, lower)].value, alloc.total - lower, options[(gpu_type, lower)])
+                     ] if lower else []
+            cands += [(now_v - o.value, alloc.total, o) for (t2, c), o in options.items()
+                      if t2 != gpu_type and c <= alloc.total and t2 != self.starved_type and self.avail(t2, r) >= c]
+            if cands:
+                loss, freed, o = min(cands, key=lambda m: m[0] / m[1])
+                moves.append((loss, freed, r, o))
+        return moves
+
+    def admit_by_rescaling(self, job: Job, opts: list[Option]) -> bool:
+        best: tuple[float, Option, list] | None = None
+        for opt in opts:
+            t = opt.gpu_type
+            deficit = opt.gpus - self.avail(t, job)
+            if deficit <= 0 or (t == self.starved_type and job.job_id not in self.starved):
+                continue
+            moves = self.freeing_moves(t, job)
+            for chosen in (self._greedy(moves, deficit), self._single(moves, deficit)):
+                if chosen is not None:
+                    total = opt.value - sum(m[0] for m in chosen)
+                    if best is None or total > best[0]:
+                        best = (total, opt, chosen)
+        if best is None or best[0] <= self.p.admit_min_gain:
+            return False
+        total, opt, chosen = best
+        saved = self._save()
+        for loss, _, r, new in chosen:
+            if not self.rescale(r, new, f"made room for {job.job_id} (Δ throughput {-loss:+.2f})"):
+                self._restore(saved)
+                return False
+        if not self.start(job, opt, f"admitted after {len(chosen)} rescale(s), Δ cluster throughput {total:+.2f}"):
+            self._restore(saved)
+            return False
+        self.p.stats["admitted_by_rescaling"] += 1
+        return True
+
+    def _greedy(self, moves: list, deficit: int) -> list | None:
+        """Cheapest value lost per GPU freed first, ≤ admit_depth moves; a move to
+        another type uses that type's free GPUs, so two moves cannot share them."""
+        chosen, freed, other = [], 0, dict(self.free)
+        for m in sorted(moves, key=lambda m: m[0] / m[1]):
+            new = m[3]
+            if new.gpu_type != self.cur[m[2].job_id][1]:
+                if other[new.gpu_type] < new.gpus:
+                    continue
+                other[new.gpu_type] -= new.gpus
+            chosen.append(m)
+            freed += m[1]
+            if freed >= deficit:
+                return chosen
+            if len(chosen) >= self.p.admit_depth:
+                return None
+        return None
+
+    @staticmethod
+    def _single(moves: list, deficit: int) -> list | None:
+        covering = [m for m in moves if m[1] >= deficit]
+        return [min(covering, key=lambda m: m[0])] if covering else None
+
+    def _save(self) -> tuple:
+        plan = self.plan
+        return (plan.state.copy(), len(plan.decisions), len(plan.started), dict(self.cur), dict(self.free),
+                set(self.touched), dict(self.p.stats), dict(self.p.opportunistic_jobs), dict(self.fresh))
+
+    def _restore(self, saved: tuple) -> None:
+        state, n_dec, n_started, cur, free, touched, stats, opp, fresh = saved
+        plan = self.plan
+        plan._state = state
+        del plan.decisions[n_dec:]
+        del plan.started[n_started:]
+        self.cur, self.free, self.touched, self.fresh = cur, free, touched, fresh
+        self.p.stats.clear()
+        self.p.stats.update(stats)
+        self.p.opportunistic_jobs = opp
+
+    def grow_pass(self) -> None:
+        p = self.p
+        candidates = []
+        for jid, (alloc, t) in self.cur.items():
+            if (jid in self.touched and jid not in self.fresh) or jid in p.opportunistic_jobs:
+                continue
+            r = self.job_of[jid]
+            if jid not in self.fresh and self.remaining_s(r) < p.min_remaining_factor * p.restart_delay_s:
                 continue
             now_v = self.current_value(r)
-            for opt in p.cells_of(r).options.values():
-                if opt.gpu_type == self.starved_type:
+            for (t2, c), o in self.options(r).items():
+                if (c <= alloc.total) if t2 == t else (c > max(alloc.total, r.gpus)):
                     continue
-                if opt.gpu_type == t:  # (b) scale up on free, unheld GPUs
-                    if opt.gpus <= alloc.total or blocked:
-                        continue
-                    if self.free_of(t) - self.held_free(t) < opt.gpus - alloc.total:
-                        continue
-                else:  # (c) switch GPU type, at most the GPUs it has now
-                    if opt.gpus > max(alloc.total, r.gpus):
-                        continue
-                    if self.free_of(opt.gpu_type) - self.held_free(opt.gpu_type) < opt.gpus:
-                        continue
-                delta = opt.value - now_v
-                if delta >= p.min_gain and (best is None or delta > best[0]):
-                    best = (delta, ("move", r, opt))
-        if best is None:
-            return False
-        delta, action = best
-        if action[0] == "shrink":
-            _, r, shrunk, job, opt = action
-            if not self.rescale(r, shrunk, f"scaled down to make room for {job.job_id} (Δ throughput "
-                                           f"{delta:+.2f})"):
-                return False
-            self.start(job, opt, f"after scaling {r.job_id} down")
-            return True
-        _, r, opt = action
-        _, t = self.cur[r.job_id]
-        kind = "scaled up on idle GPUs" if opt.gpu_type == t else "moved to a better GPU type"
-        return self.rescale(r, opt, f"{kind} (Δ throughput {delta:+.2f})")
+                if o.value - now_v >= p.min_gain:
+                    candidates.append((o.value - now_v, jid, o))
+        candidates.sort(key=lambda x: (-x[0], x[1]))
+        steps, grown = 0, set()
+        for delta, jid, o in candidates:
+            if steps >= p.search_depth:
+                break
+            if jid in self.touched and (jid not in self.fresh or jid in grown):
+                continue
+            r = self.job_of[jid]
+            alloc, t = self.cur[jid]
+            need = o.gpus - (alloc.total if o.gpu_type == t else 0)
+            if o.gpu_type == self.starved_type or self.avail(o.gpu_type, r) < need:
+                continue
+            if jid in self.fresh:
+                if self.enlarge_start(r, o, delta):
+                    grown.add(jid)
+                    p.stats["grown"] += 1
+                    steps += 1
+                continue
+            kind = "grown on idle GPUs" if o.gpu_type == t else "moved to a better GPU type"
+            if self.rescale(r, o, f"{kind} (Δ throughput {delta:+.2f})"):
+                p.stats["grown"] += 1
+                steps += 1
 
     def update_hold(self) -> None:
-        p = self.p
-        blocked = self.remaining_queue()
-        if not blocked:
-            p.held = None
-            return
-        head = blocked[0]
-        if p.held is not None and p.held[0] == head.job_id:
-            return
-        if p.held is not None and p.held[0] in self.starved and p.held[0] in self.ctx.pending:
-            return
-        opt = self.target(head)
-        p.held = None if opt is None else (head.job_id, opt.gpu_type, opt.gpus)
+        """Admission made the first blocked job the head; nobody blocked → no head."""
+        if all(j.job_id in self.touched for j in self.queue):
+            self.p.held = None
 
 
-__all__ = ["Crius", "Option"]
+__all__ = ["Crius", "Hold", "Option"]

@@ -12,7 +12,7 @@ from loom.report import data as D
 
 KEY_METRICS = ("jobs", "finished", "rejected", "unfinished", "avg_jct_s", "p50_jct_s", "p99_jct_s", "avg_queue_s",
                "p50_queue_s", "p99_queue_s", "makespan_s", "gpu_utilization", "preemptions", "failure_evictions",
-               "sim_wall_s")
+               "sim_wall_s", "decision_ms_median", "decision_ms_p99")
 
 
 def run_labels(paths: list[Path]) -> list[str]:

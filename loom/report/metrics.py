@@ -78,8 +78,29 @@ def summary(result: SimulationResult) -> dict[str, float | int]:
         "rounds": result.rounds,
         "sim_wall_s": result.sim_wall_s,
         "events_per_s": result.events / result.sim_wall_s if result.sim_wall_s > 0 else 0.0,
+        **decision_latency(result),
         **energy(result),
     }
+
+
+def decision_latency(result: SimulationResult) -> dict[str, float]:
+    """Wall time of the policy's scheduling rounds (one per event batch), in ms."""
+    ms = np.asarray(result.round_seconds, dtype=float) * 1e3
+    return {"decision_ms_median": _stat(ms, np.median), "decision_ms_p99": _stat(ms, lambda a: np.percentile(a, 99)),
+            "decision_ms_max": _stat(ms, np.max)}
+
+
+def latency_by_queue(result: SimulationResult, edges: tuple[int, ...] = (0, 1, 10, 50, 100, 200, 500)) -> list[dict]:
+    """Decision latency grouped by the pending-queue length the round saw (how it grows with the queue)."""
+    ms = np.asarray(result.round_seconds, dtype=float) * 1e3
+    queue = np.asarray(result.round_queue, dtype=int)
+    rows = []
+    for lo, hi in zip(edges, (*edges[1:], None)):
+        mask = (queue >= lo) if hi is None else ((queue >= lo) & (queue < hi))
+        if mask.any():
+            rows.append({"queue": f"{lo}+" if hi is None else f"{lo}-{hi - 1}", "rounds": int(mask.sum()),
+                         "median_ms": float(np.median(ms[mask])), "p99_ms": float(np.percentile(ms[mask], 99))})
+    return rows
 
 
 def _stat(values: np.ndarray, fn) -> float:  # type: ignore[no-untyped-def]

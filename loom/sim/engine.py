@@ -44,6 +44,10 @@ class SimulationResult:
     start_time: float
     end_time: float
     rejected: dict[str, str] = field(default_factory=dict)
+    # wall seconds of each policy.schedule() call and the pending-queue length it saw:
+    # the scheduler's decision latency, per event (Crius §8.7-style overhead figures)
+    round_seconds: list[float] = field(default_factory=list)
+    round_queue: list[int] = field(default_factory=list)
 
 
 class Simulation:
@@ -103,6 +107,7 @@ class Simulation:
         handled = rounds = 0
         round_pending = False
         followup_at, followups = -inf, 0
+        clock, round_seconds, round_queue = time.perf_counter, [], []
         next_progress = PROGRESS_EVERY
         now = jobs[0].spec.submit_time if jobs else 0.0
         start_time = now
@@ -132,7 +137,10 @@ class Simulation:
                 handled += 1
                 dirty = True
             if dirty:
+                tick = clock()
                 decisions = self.policy.schedule(ctx)
+                round_seconds.append(clock() - tick)
+                round_queue.append(len(ctx.pending))
                 if decisions:
                     backend.apply(decisions, now)
                     if followup_at != now:
@@ -158,6 +166,7 @@ class Simulation:
             topology=self.topology, jobs=jobs, decisions=self.log or [], events=handled, rounds=rounds,
             sim_wall_s=time.perf_counter() - wall, busy_gpu_seconds=backend.busy_gpu_seconds,
             failed_gpu_seconds=self.health.failed_gpu_seconds(start_time, end_time),
+            round_seconds=round_seconds, round_queue=round_queue,
             start_time=start_time, end_time=end_time,
             rejected=self.rejected,
         )

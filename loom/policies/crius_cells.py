@@ -1,0 +1,144 @@
+"""Crius's per-job Cells for one cluster: which (GPU type, count) options a job
+has, what each is worth, and how long profiling them takes.
+
+Counts are N/2, N, 2N (Crius §4; N = requested GPUs), extended to 4N, 8N, …
+up to `max_scale`·N when asked. An option is worth its best Cell's throughput
+divided by the job's throughput *as requested* (best Cell on its requested type
+and N GPUs; the best N-GPU Cell of any type when it asked for no type or that
+does not fit in memory): 1.0 = as requested. A job without a `loom.perf` preset
+has one option per allowed type, N GPUs, worth 1.0.
+
+Profiling delay: Crius profiles every Cell's stages on single devices, GPU
+types in parallel, so a job is ready ``max over types (that type's Cells ×
+profiling_s_per_cell)`` after it arrives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from loom.core.jobs import Job
+from loom.core.plan import ParallelPlan
+from loom.hardware.topology import Topology
+from loom.perf.cells import CellEstimate, build_cells
+from loom.perf.inputs import Hardware, TrainingJob
+from loom.perf.presets import preset, preset_names
+from loom.policies.throughput import Throughputs
+
+DEFAULT_BATCH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """A job on `gpus` GPUs of `gpu_type` with the best Cell's plan there."""
+
+    gpu_type: str
+    gpus: int
+    value: float  # throughput relative to the job as requested
+    stages: int
+    plan: ParallelPlan | None
+
+
+@dataclass(slots=True)
+class JobCells:
+    options: dict[tuple[str, int], Option]
+    delay_s: float
+    requested: int
+
+
+def cell_counts(n: int, max_scale: int) -> list[int]:
+    """N/2 (when N is even), N, 2N, 4N, … ≤ max_scale·N."""
+    counts = [n // 2] if n % 2 == 0 else []
+    scale = 1
+    while scale <= max_scale:
+        counts.append(n * scale)
+        scale *= 2
+    return counts
+
+
+class CellBook:
+    """Cells of every job seen, built once per job for one topology."""
+
+    def __init__(self, topology: Topology, max_scale: int, profiling_s_per_cell: float) -> None:
+        self.max_scale = max_scale
+        self.profiling_s_per_cell = profiling_s_per_cell
+        self.hardware: dict[str, Hardware] = {}
+        self.type_masks: dict[str, np.ndarray] = {}
+        for tid, t in enumerate(topology.gpu_types):
+            mask = topology.node_type == tid
+            self.type_masks[t] = mask
+            self.hardware[t] = Hardware(t, gpus_per_node=int(topology.node_gpus[mask].max()))
+        self.capacity = {t: int(topology.node_gpus[m].sum()) for t, m in self.type_masks.items()}
+        self.throughputs = Throughputs(topology)
+        self._cells: dict[str, JobCells] = {}
+
+    def of(self, job: Job) -> JobCells:
+        cached = self._cells.get(job.job_id)
+        if cached is None:
+            cached = self._cells[job.job_id] = self._build(job)
+        return cached
+
+    def value(self, job: Job, gpu_type: str, gpus: int) -> float:
+        opt = self.of(job).options.get((gpu_type, gpus))
+        return opt.value if opt else 0.0
+
+    def _build(self, job: Job) -> JobCells:
+        spec, n = job.spec, job.gpus
+        allowed = [t for t in self.hardware if spec.gpu_types is None or t in spec.gpu_types]
+        per_type: dict[str, int] = {}
+        options: dict[tuple[str, int], Option] = {}
+        if spec.model and spec.model in preset_names():
+            options = self._from_cells(job, allowed, per_type) or self._from_speed_model(job, allowed)
+        if not options:  # no preset: the request as given
+            for t in ([spec.gpu_type] if spec.gpu_type in self.hardware else allowed):
+                if n <= self.capacity[t]:
+                    options[(t, n)] = Option(t, n, 1.0, 1, None)
+                per_type[t] = 1
+        delay = max(per_type.values(), default=0) * self.profiling_s_per_cell
+        return JobCells(options, delay, n)
+
+    def _from_cells(self, job: Job, allowed: list[str], per_type: dict[str, int]) -> dict[tuple[str, int], Option]:
+        spec, n = job.spec, job.gpus
+        batch = spec.batch_size or DEFAULT_BATCH
+        unit = n * self.max_scale  # the largest count divides the batch
+        tj = TrainingJob(preset(spec.model), -(-batch // unit) * unit)
+        estimates = build_cells(tj, n, {t: self.hardware[t] for t in allowed}, counts=cell_counts(n, self.max_scale))
+        best: dict[tuple[str, int], CellEstimate] = {}
+        for ce in estimates:
+            per_type[ce.cell.gpu_type] = per_type.get(ce.cell.gpu_type, 0) + 1
+            key = (ce.cell.gpu_type, ce.cell.gpus)
+            if ce.estimate is not None and (key not in best or ce.tokens_per_s > best[key].tokens_per_s):
+                best[key] = ce
+        ref = best[(spec.gpu_type, n)].tokens_per_s if (spec.gpu_type, n) in best else 0.0
+        for fallback in ([ce for (_, c), ce in best.items() if c == n], list(best.values())):
+            if ref <= 0:
+                ref = max((ce.tokens_per_s for ce in fallback), default=0.0)
+        options = {}
+        for key, ce in best.items():
+            if ref > 0 and key[1] <= self.capacity[key[0]]:
+                assert ce.estimate is not None
+                plan = ce.estimate.plan
+                options[key] = Option(key[0], key[1], ce.tokens_per_s / ref, ce.cell.stages,
+                                      plan if plan.world_size == key[1] else None)
+        return options
+
+    def _from_speed_model(self, job: Job, allowed: list[str]) -> dict[tuple[str, int], Option]:
+        """No Cell fits in memory (e.g. a large Wide-ResNet: the estimator has no
+        offload or expert parallelism): value options by the throughput the speed
+        model charges anyway (fastest plan ignoring memory), so such jobs can still
+        move to faster GPUs or scale."""
+        spec, n = job.spec, job.gpus
+        of = self.throughputs.of
+        ref = of(spec, spec.gpu_type or allowed[0], n, dp_only=True)
+        options = {}
+        for t in allowed:
+            for count in cell_counts(n, self.max_scale):
+                thr = of(spec, t, count, dp_only=True)
+                if ref > 0 and thr > 0 and count <= self.capacity[t]:
+                    options[(t, count)] = Option(t, count, thr / ref, 1, None)
+        return options
+
+
+__all__ = ["CellBook", "JobCells", "Option", "cell_counts"]
