@@ -112,6 +112,23 @@ def test_lp_puts_each_job_where_it_is_relatively_fastest():
     assert x[0, 1] == pytest.approx(1.0) and x[1, 0] == pytest.approx(1.0)
 
 
+def test_identical_jobs_share_alike_at_the_per_job_optimum():
+    # jobs 0-2 are identical, as are 3-4: the LP is solved per class, so identical jobs get
+    # identical X, and the fair level matches solving each job separately (classes of one)
+    thr = np.array([[1.0, 2.0]] * 3 + [[1.0, 1.2]] * 2 + [[3.0, 0.5]])
+    gpus = np.array([2, 2, 2, 1, 1, 4])
+    capacity = np.array([4.0, 4.0])
+    x = solve_allocation(thr, gpus, capacity, "max-min-fairness")
+    assert np.allclose(x[0], x[1]) and np.allclose(x[0], x[2]) and np.allclose(x[3], x[4])
+    eq = equal_share(thr, gpus, capacity)
+    fair = ((x * thr).sum(axis=1) / eq).min()
+    perturbed = thr * (1 + 1e-9 * np.arange(len(thr)))[:, None]  # every job its own class
+    y = solve_allocation(perturbed, gpus, capacity, "max-min-fairness")
+    assert fair == pytest.approx(((y * perturbed).sum(axis=1) / equal_share(perturbed, gpus, capacity)).min(),
+                                 rel=1e-5)
+    assert ((x * gpus[:, None]).sum(axis=0) <= capacity + 1e-6).all()
+
+
 # ------------------------------------------------------------------ Gavel in the simulator
 def test_gavel_moves_a_job_to_its_faster_type(hetero):
     # bert asks for V100 but is ~2.5× faster on A100; the A100s also hold a job that fits

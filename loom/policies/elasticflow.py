@@ -35,6 +35,10 @@ Rules as built here
   Best-effort jobs that get no share are preempted (progress kept).
 * Follow-up rounds at the same instant with the same jobs decide nothing
   (every change is made in one round).
+* Caching (decisions unchanged): a job's normalised throughput at each size is
+  a pure function of its spec, type and size, so it is memoised per job (with
+  its ladder of candidate sizes per pool capacity) instead of re-derived on
+  every call; entries of finished jobs are dropped.
 
 Parameters: `pause_s` (≥ 0, default 30 s), `max_scale` (integer ≥ 1, default
 4), `margin` (in [0, 1), default 0.05: share of the time to the deadline kept
@@ -44,6 +48,7 @@ as slack), `on_miss` ("best-effort" or "hold").
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 import math
 from collections.abc import Callable
 from typing import Any
@@ -191,16 +196,35 @@ class ElasticFlow:
         self.admitted: dict[str, float] = {}  # job id → deadline
         self.dropped: dict[str, str] = {}  # job id → reason
         self._tp: Throughputs | None = None
+        self._norms: dict[tuple[str, str | None, int], float] = {}  # (job, type, GPUs) → `_norm`
+        self._ladders: dict[tuple[str, str | None, int], tuple[list[int], list[float]]] = {}
         self._last: tuple | None = None
 
     # -- beliefs ---------------------------------------------------------------
     def _norm(self, job: Job, gpu_type: str | None, gpus: int) -> float:
-        assert self._tp is not None
-        if gpus <= 0:
-            return 0.0
-        spec = job.spec
-        kind = gpu_type or spec.gpu_type or self._tp.best_type(spec, spec.gpus, True)
-        return self._tp.normalised(spec, kind, gpus, dp_only=True)
+        """DP-only normalised throughput; a pure function of (spec, type, GPUs), memoised per job."""
+        key = (job.job_id, gpu_type, gpus)
+        value = self._norms.get(key)
+        if value is None:
+            assert self._tp is not None
+            spec = job.spec
+            if gpus <= 0:
+                value = 0.0
+            else:
+                kind = gpu_type or spec.gpu_type or self._tp.best_type(spec, spec.gpus, True)
+                value = self._tp.normalised(spec, kind, gpus, dp_only=True)
+            self._norms[key] = value
+        return value
+
+    def _ladder(self, job: Job, gpu_type: str | None, capacity: int) -> tuple[list[int], list[float]]:
+        """The job's candidate sizes in a pool of `capacity` GPUs and `_norm` at each (memoised)."""
+        high = min(capacity, job.spec.gpus * self.max_scale)
+        key = (job.job_id, gpu_type, high)
+        ladder = self._ladders.get(key)
+        if ladder is None:
+            sizes = power_sizes(job.spec.gpus, 1, high)
+            ladder = self._ladders[key] = (sizes, [self._norm(job, gpu_type, g) for g in sizes])
+        return ladder
 
     def _time_at(self, ctx: SchedulingContext, job: Job, gpu_type: str | None, gpus: int) -> float:
         rate = self._norm(job, gpu_type, gpus)
@@ -228,6 +252,12 @@ class ElasticFlow:
         self._last = key
         if self._tp is None or self._tp.topology is not ctx.topology:
             self._tp = Throughputs(ctx.topology)
+            self._norms.clear()
+            self._ladders.clear()
+        if len(self._norms) > 64 * (len(ctx.pending) + len(ctx.running)) + 4096:  # forget finished jobs
+            live = ctx.pending.keys() | ctx.running.keys()
+            self._norms = {k: v for k, v in self._norms.items() if k[0] in live}
+            self._ladders = {k: v for k, v in self._ladders.items() if k[0] in live}
         state = ctx.state
         jobs = [*ctx.running.values(), *ctx.pending.values()]
         jobs.sort(key=lambda j: j.key)
@@ -242,8 +272,8 @@ class ElasticFlow:
         notes: dict[str, str] = {}
         for pool, members in pools.items():
             capacity = healthy_capacity(state, pool)
-            sizes = {j.job_id: power_sizes(j.spec.gpus, 1, min(capacity, j.spec.gpus * self.max_scale))
-                     for j in members}
+            ladders = {j.job_id: self._ladder(j, pool, capacity) for j in members}
+            sizes = {jid: ladder[0] for jid, ladder in ladders.items()}
             share: dict[str, int] = {}
             # admitted jobs: minimum satisfactory share, earliest deadline first
             admitted = sorted((j for j in members if j.job_id in self.admitted),
@@ -278,34 +308,42 @@ class ElasticFlow:
                     continue
                 if self.on_miss == "hold":
                     members = [m for m in members if m.job_id != jid]
-            # leftover GPUs: highest marginal normalised throughput per GPU, power-of-two steps
+            # leftover GPUs: highest marginal normalised throughput per GPU, power-of-two steps.
+            # Heap entries are (−gain, key, job, index of the next step in the job's ladder).
             free = capacity - committed
             heap: list[tuple[float, int, str, int]] = []
             by_id = {j.job_id: j for j in members}
-
-            def push(job: Job) -> None:
-                cur = share.get(job.job_id, 0)
-                nxt = next((g for g in sizes[job.job_id] if g > cur), None)
-                if nxt is None:
-                    return
-                gain = (self._norm(job, pool, nxt) - self._norm(job, pool, cur)) / (nxt - cur)
-                if gain > 1e-12:
-                    heapq.heappush(heap, (-gain, job.key, job.job_id, nxt))
-
             for job in members:
-                push(job)
+                jid = job.job_id
+                steps, norms = ladders[jid]
+                cur = share.get(jid, 0)
+                at = bisect_right(steps, cur)  # steps[at] is the next size up
+                if at == len(steps):
+                    continue
+                now_norm = norms[at - 1] if at and steps[at - 1] == cur else self._norm(job, pool, cur)
+                gain = (norms[at] - now_norm) / (steps[at] - cur)
+                if gain > 1e-12:
+                    heap.append((-gain, job.key, jid, at))
+            heapq.heapify(heap)
             while heap and free > 0:
-                _, _, jid, nxt = heapq.heappop(heap)
-                job = by_id[jid]
+                _, key, jid, at = heapq.heappop(heap)
+                steps, norms = ladders[jid]
+                nxt = steps[at]
                 cur = share.get(jid, 0)
                 if nxt - cur > free:
                     continue  # this step does not fit; a smaller job's may
-                if job.allocation is not None and cur >= job.allocation.total and \
-                        self._time_at(ctx, job, pool, nxt) >= self._time_at(ctx, job, pool, job.allocation.total):
-                    continue  # growing would not pay for its pause
+                job = by_id[jid]
+                if job.allocation is not None:
+                    running = job.allocation.total
+                    if cur >= running and self._time_at(ctx, job, pool, nxt) >= self._time_at(ctx, job, pool, running):
+                        continue  # growing would not pay for its pause
                 share[jid] = nxt
                 free -= nxt - cur
-                push(job)
+                at += 1
+                if at < len(steps):
+                    gain = (norms[at] - norms[at - 1]) / (steps[at] - nxt)
+                    if gain > 1e-12:
+                        heapq.heappush(heap, (-gain, key, jid, at))
             for jid, g in share.items():
                 if g > 0:
                     targets[jid] = (kind[jid], g)

@@ -34,6 +34,19 @@ Objectives (`objective`):
   is not left idle (Gavel's water-filling, in one step).
 
 Both are solved with `scipy.optimize.linprog` (HiGHS) — `solve_allocation`.
+Identical jobs (same throughput row, GPU count and normaliser) are solved as
+one class: the LP is symmetric in them, so an optimum giving them equal X
+exists, and solving per class (capacity rows weighted by the class size)
+finds it with a far smaller, less degenerate LP. The optimal objective is
+the same; among several optima the symmetric one is returned.
+
+Caching (none changes a decision): a job's throughput row is computed once
+(its spec and GPU count never change under Gavel); the LP is solved with the
+jobs in a canonical order (by id) and its last solution is reused while the
+job set and the per-type capacities are unchanged (its inputs are then
+identical), e.g. at a round right after a between-rounds call or in a
+follow-up call at the same instant; placement is not attempted on a type
+with fewer free GPUs than the job needs (no placer could succeed there).
 
 Rounds
 ------
@@ -71,7 +84,7 @@ from typing import Any
 
 import numpy as np
 from scipy.optimize import linprog
-from scipy.sparse import coo_matrix, hstack, vstack
+from scipy.sparse import csr_matrix
 
 from loom.core.context import SchedulingContext
 from loom.core.decisions import Decision, Migrate, Preempt, Resume, Start, Timer
@@ -133,39 +146,53 @@ def solve_allocation(thr: np.ndarray, gpus: np.ndarray, capacity: np.ndarray,
     if not live.any():
         return out
     idx = np.flatnonzero(live)
-    thr_l, gpus_l, use_l = thr[idx], gpus[idx], usable[idx]
-    norm = np.where(use_l, thr_l / ref[idx][:, None], 0.0)
-    m = len(idx)
-    nv = m * types
-    rows = np.repeat(np.arange(m), types)
+    # identical jobs (same throughputs, GPUs and normaliser) form one class: the LP is symmetric
+    # in them, so it has an optimum giving them the same X; solving per class finds that one
+    classes, member, count = np.unique(np.column_stack([thr[idx], gpus[idx], ref[idx]]), axis=0,
+                                       return_inverse=True, return_counts=True)
+    member = member.ravel()
+    first = idx[np.unique(member, return_index=True)[1]]  # a representative job per class
+    m = len(first)
+    # one variable per usable (class, type) pair (the others are fixed at 0), plus z (max-min)
+    pj, pt = np.nonzero(usable[first])
+    nv = len(pj)
+    flat = thr[first[pj], pt] / ref[first[pj]]
+    weight = count[pj].astype(float)
     cols = np.arange(nv)
-    one_type = coo_matrix((np.ones(nv), (rows, cols)), shape=(m, nv))
-    cap = coo_matrix((np.repeat(gpus_l, types), (np.tile(np.arange(types), m), cols)), shape=(types, nv))
-    bounds_x = [(0.0, 1.0 if u else 0.0) for u in use_l.ravel()]
-    b_base = np.concatenate([np.ones(m), capacity])
-    flat = norm.ravel()
+    # rows: m "one type at a time", T capacities, then (max-min) m fairness rows z − Σ_t X·thr/eq ≤ 0
+    rows = [pj, m + pt]
+    data = [np.ones(nv), weight * gpus[first[pj]]]
+    b_ub = np.concatenate([np.ones(m), capacity])
     if objective == "max-sum-throughput":
-        res = linprog(-flat, A_ub=vstack([one_type, cap]).tocsr(), b_ub=b_base, bounds=bounds_x, method="highs")
+        A = csr_matrix((np.concatenate(data), (np.concatenate(rows), np.tile(cols, 2))), shape=(m + types, nv))
+        res = linprog(-weight * flat, A_ub=A, b_ub=b_ub, bounds=(0.0, 1.0), method="highs")
         x = res.x if res.status == 0 else np.zeros(nv)
     else:
+        fair = m + types + np.arange(m)
+        A = csr_matrix((np.concatenate(data + [-flat, np.ones(m)]),
+                        (np.concatenate(rows + [m + types + pj, fair]),
+                         np.concatenate([cols, cols, cols, np.full(m, nv)]))), shape=(2 * m + types, nv + 1))
+        bounds = np.zeros((nv + 1, 2))
+        bounds[:nv, 1] = 1.0
+        bounds[nv, 1] = np.inf
+        c = np.zeros(nv + 1)
+        c[nv] = -1.0
         # stage 1: maximise z with z ≤ Σ_t X·thr/eq for every job
-        per_job = coo_matrix((flat, (rows, cols)), shape=(m, nv))
-        z_col = coo_matrix(np.ones((m, 1)))
-        A1 = vstack([hstack([vstack([one_type, cap]), coo_matrix((m + types, 1))]),
-                     hstack([-per_job, z_col])]).tocsr()
-        b1 = np.concatenate([b_base, np.zeros(m)])
-        c1 = np.zeros(nv + 1)
-        c1[-1] = -1.0
-        res = linprog(c1, A_ub=A1, b_ub=b1, bounds=bounds_x + [(0.0, None)], method="highs")
+        res = linprog(c, A_ub=A, b_ub=np.concatenate([b_ub, np.zeros(m)]), bounds=bounds, method="highs")
         if res.status != 0:
             return out
         z = float(res.x[-1])
         # stage 2: keep everyone at the fair level, use the rest for total throughput
-        A2 = vstack([one_type, cap, -per_job]).tocsr()
-        b2 = np.concatenate([b_base, np.full(m, -z * (1 - 1e-6))])
-        res2 = linprog(-flat, A_ub=A2, b_ub=b2, bounds=bounds_x, method="highs")
-        x = res2.x if res2.status == 0 else res.x[:-1]
-    out[idx] = np.clip(np.asarray(x).reshape(m, types), 0.0, 1.0)
+        # (same matrix with z fixed at 0: the fairness rows become −Σ_t X·thr/eq ≤ −z·(1 − 1e-6))
+        bounds[nv, 1] = 0.0
+        c[:nv] = -weight * flat
+        c[nv] = 0.0
+        res2 = linprog(c, A_ub=A, b_ub=np.concatenate([b_ub, np.full(m, -z * (1 - 1e-6))]), bounds=bounds,
+                       method="highs")
+        x = (res2.x if res2.status == 0 else res.x)[:nv]
+    sol = np.zeros((m, types))
+    sol[pj, pt] = np.clip(x, 0.0, 1.0)
+    out[idx] = sol[member]
     return out
 
 
@@ -182,6 +209,9 @@ class Gavel:
         self.round_s = _positive(round_s, "round_s")
         self.migration_pause_s = _positive(migration_pause_s, "migration_pause_s", allow_zero=True)
         self._thr: Throughputs | None = None
+        self._rows: dict[str, tuple[int, np.ndarray, float]] = {}  # job → (GPUs, throughput row, normaliser)
+        self._type_masks: dict[int, np.ndarray | None] = {}  # type index → its nodes (no reservations)
+        self._lp: tuple[tuple, np.ndarray] | None = None  # (LP inputs key, X by job id order) of the last solve
         self._received: dict[str, np.ndarray] = {}  # job → seconds run per type
         self._last_now: float | None = None
         self._next_round = -math.inf
@@ -193,25 +223,32 @@ class Gavel:
     def _throughputs(self, ctx: SchedulingContext) -> Throughputs:
         if self._thr is None or self._thr.topology is not ctx.topology:
             self._thr = Throughputs(ctx.topology)
+            self._rows.clear()
+            self._type_masks.clear()
+            self._lp = None
         return self._thr
 
     def _matrix(self, ctx: SchedulingContext, jobs: list[Job]) -> tuple[np.ndarray, np.ndarray]:
-        """Throughput matrix (n × T) and each job's normaliser (throughput on its requested type)."""
+        """Throughput matrix (n × T) and each job's normaliser (throughput on its requested type).
+
+        A job's row depends only on its spec and GPU count (Gavel never resizes), so it
+        is computed once per job and reused every round."""
         thr_of = self._throughputs(ctx)
         types = ctx.topology.gpu_types
-        thr = np.zeros((len(jobs), len(types)))
-        ref = np.zeros(len(jobs))
+        rows = self._rows
+        thr = np.empty((len(jobs), len(types)))
+        ref = np.empty(len(jobs))
         for i, job in enumerate(jobs):
-            spec = job.spec
-            allowed = spec.gpu_types
-            for k, t in enumerate(types):
-                if allowed and t not in allowed:
-                    continue
-                thr[i, k] = thr_of.of(spec, t, job.gpus, dp_only=True)
-            if spec.gpu_type in types:
-                ref[i] = thr[i, types.index(spec.gpu_type)]
-            if ref[i] <= 0:
-                ref[i] = thr[i].max()
+            cached = rows.get(job.job_id)
+            if cached is None or cached[0] != job.gpus:
+                spec = job.spec
+                allowed = spec.gpu_types
+                row = np.array([0.0 if allowed and t not in allowed else thr_of.of(spec, t, job.gpus, dp_only=True)
+                                for t in types])
+                r = float(row[types.index(spec.gpu_type)]) if spec.gpu_type in types else 0.0
+                cached = rows[job.job_id] = (job.gpus, row, r if r > 0 else float(row.max()))
+            thr[i] = cached[1]
+            ref[i] = cached[2]
         return thr, ref
 
     @staticmethod
@@ -231,8 +268,26 @@ class Gavel:
                 got[int(ctx.topology.node_type[job.allocation.nodes[0]])] += dt  # type: ignore[union-attr]
         self._last_now = now
         live = ctx.running.keys() | ctx.pending.keys()
-        for gone in [j for j in self._received if j not in live]:
-            del self._received[gone]
+        for cache in (self._received, self._rows):
+            for gone in [j for j in cache if j not in live]:
+                del cache[gone]
+
+    def _solve(self, jobs: list[Job], thr: np.ndarray, gpus: np.ndarray, capacity: np.ndarray,
+               ref: np.ndarray) -> np.ndarray:
+        """`solve_allocation` over the jobs in a canonical order (by job id), reusing the
+        last solution when the job set and the capacities are unchanged: the LP's inputs
+        are then identical, so is its solution."""
+        ids = [j.job_id for j in jobs]
+        order = sorted(range(len(jobs)), key=ids.__getitem__)
+        key = (tuple(ids[i] for i in order), capacity.tobytes())
+        if self._lp is not None and self._lp[0] == key:
+            x_sorted = self._lp[1]
+        else:
+            x_sorted = solve_allocation(thr[order], gpus[order], capacity, self.objective, ref[order])
+            self._lp = (key, x_sorted)
+        x = np.empty_like(x_sorted)
+        x[order] = x_sorted
+        return x
 
     # ------------------------------------------------------------ round
     def schedule(self, ctx: SchedulingContext) -> list[Decision]:
@@ -245,24 +300,30 @@ class Gavel:
         full = now >= self._next_round - TINY
         if not full and not ctx.pending:
             return []
-        topo = ctx.topology
-        types = topo.gpu_types
+        types = ctx.topology.gpu_types
         thr, ref = self._matrix(ctx, jobs)
         capacity = self._capacity(ctx)
         gpus = np.array([j.gpus for j in jobs], dtype=float)
-        x = solve_allocation(thr, gpus, capacity, self.objective, ref)
-        self.last_allocation = {j.job_id: {t: float(x[i, k]) for k, t in enumerate(types) if x[i, k] > 1e-9}
-                                for i, j in enumerate(jobs)}
+        x = self._solve(jobs, thr, gpus, capacity, ref)
+        rows, cols = np.nonzero(x > 1e-9)
+        self.last_allocation = {j.job_id: {} for j in jobs}
+        for i, k in zip(rows.tolist(), cols.tolist()):
+            self.last_allocation[jobs[i].job_id][types[k]] = float(x[i, k])
         norm = np.divide(thr, ref[:, None], out=np.zeros_like(thr), where=ref[:, None] > 0)
         fits = (thr > 0) & (gpus[:, None] <= capacity[None, :])
-        prio = np.zeros_like(x)
+        in_system = np.maximum(now - np.array([j.spec.submit_time for j in jobs]), self.round_s)
+        got = np.zeros_like(x)
         for i, job in enumerate(jobs):
-            in_system = max(now - job.spec.submit_time, self.round_s)
-            got = self._received.get(job.job_id)
-            frac = got / in_system if got is not None else np.zeros(len(types))
-            prio[i] = x[i] / (frac + EPS)
-        pairs = sorted(((i, k) for i in range(len(jobs)) for k in range(len(types)) if fits[i, k]),
-                       key=lambda p: (x[p] > 1e-6, prio[p], x[p], norm[p], -jobs[p[0]].key), reverse=True)
+            received = self._received.get(job.job_id)
+            if received is not None:
+                got[i] = received
+        prio = x / (got / in_system[:, None] + EPS)
+        # pairs (i, k) by (x > 1e-6, prio, x, norm) descending, then job key, then type order
+        keys = np.array([j.key for j in jobs])
+        fi, fk = np.nonzero(fits)
+        xs = x[fi, fk]
+        rank = np.lexsort((keys[fi], -norm[fi, fk], -xs, -prio[fi, fk], -(xs > 1e-6).astype(float)))
+        pairs = list(zip(fi[rank].tolist(), fk[rank].tolist()))
         decisions = self._round(ctx, jobs, pairs, x, norm, fits) if full else self._fill(ctx, jobs, pairs, x)
         if full:
             self._next_round = now + self.round_s
@@ -270,11 +331,29 @@ class Gavel:
         self.round_latencies.append((now, time.perf_counter() - clock, "round" if full else "fill"))
         return decisions
 
-    def _place(self, ctx: SchedulingContext, job: Job, gpu_type: str, state: ClusterState) -> Allocation | None:
-        if job.gpus > state.free_total:
+    @staticmethod
+    def _type_free(ctx: SchedulingContext, state: ClusterState) -> np.ndarray:
+        """Free GPUs per type: a placement of g GPUs on type t needs g ≤ this (failed nodes have none free)."""
+        topo = ctx.topology
+        return np.bincount(topo.node_type, weights=state.free, minlength=len(topo.gpu_types))
+
+    def _place(self, ctx: SchedulingContext, job: Job, k: int, state: ClusterState,
+               type_free: np.ndarray) -> Allocation | None:
+        """Place `job` on type `k` of `state`, keeping `type_free` (see `_type_free`) up to date;
+        jobs larger than the type's free GPUs are skipped without asking the placer."""
+        if job.gpus > state.free_total or job.gpus > type_free[k]:
             return None
-        rid = ctx.reservation_for(job.job_id) if ctx.reservations else None
-        return ctx.placer.place(job.spec, job.gpus, state, state.usable_mask(rid, gpu_type))
+        if ctx.reservations:
+            mask = state.usable_mask(ctx.reservation_for(job.job_id), ctx.topology.gpu_types[k])
+        else:  # the type's nodes: fixed for the topology
+            if k not in self._type_masks:
+                self._type_masks[k] = state.usable_mask(None, ctx.topology.gpu_types[k])
+            mask = self._type_masks[k]
+        alloc = ctx.placer.place(job.spec, job.gpus, state, mask)
+        if alloc is not None:
+            state.allocate(alloc)
+            type_free[k] -= alloc.total
+        return alloc
 
     def _start_kind(self, ctx: SchedulingContext, job: Job, alloc: Allocation, reason: str) -> Decision:
         plan_for = getattr(ctx.placer, "plan_for", None)
@@ -288,6 +367,7 @@ class Gavel:
         at, skip = self._preempted_now
         skip = skip if at == ctx.now else set()
         state = ctx.state.copy()
+        type_free = self._type_free(ctx, state)
         types = ctx.topology.gpu_types
         out: list[Decision] = []
         done: set[int] = set()
@@ -297,10 +377,9 @@ class Gavel:
                 continue
             if state.free_total == 0:
                 break
-            alloc = self._place(ctx, job, types[k], state)
+            alloc = self._place(ctx, job, k, state, type_free)
             if alloc is None:
                 continue
-            state.allocate(alloc)
             done.add(i)
             out.append(self._start_kind(ctx, job, alloc, f"gavel: free {types[k]} GPUs between rounds "
                                                          f"(X={x[i, k]:.2f})"))
@@ -316,9 +395,12 @@ class Gavel:
             if x[i, k] > 1e-6 and i not in chosen and jobs[i].gpus <= left[k]:
                 chosen[i] = k
                 left[k] -= jobs[i].gpus
-        leftovers = sorted(((i, k) for i in range(len(jobs)) for k in range(len(types))
-                            if fits[i, k] and i not in chosen), key=lambda p: (norm[p], -jobs[p[0]].key), reverse=True)
-        for i, k in leftovers:  # work conservation on GPUs the LP leaves unused
+        rest = fits.copy()
+        rest[list(chosen)] = False
+        li, lk = np.nonzero(rest)
+        keys = np.array([j.key for j in jobs])
+        by_norm = np.lexsort((keys[li], -norm[li, lk]))  # normalised throughput descending, then job key
+        for i, k in zip(li[by_norm].tolist(), lk[by_norm].tolist()):  # work conservation on GPUs the LP leaves unused
             if i not in chosen and jobs[i].gpus <= left[k]:
                 chosen[i] = k
                 left[k] -= jobs[i].gpus
@@ -332,10 +414,10 @@ class Gavel:
         rank = {i: r for r, i in enumerate(chosen)}  # selection order: priority, then leftovers
         order = sorted((i for i in chosen if cur.get(i) != chosen[i]), key=rank.__getitem__)
         placed: dict[int, Allocation] = {}
+        type_free = self._type_free(ctx, trial)
         for i in order:
-            alloc = self._place(ctx, jobs[i], types[chosen[i]], trial)
+            alloc = self._place(ctx, jobs[i], chosen[i], trial, type_free)
             if alloc is not None:
-                trial.allocate(alloc)
                 placed[i] = alloc
         preempt: list[int] = []
         for i in vacate:

@@ -1,0 +1,298 @@
+"""Loom and the Crius/Arena authors' simulator side by side on arena-philly (issue 7).
+
+    PYTHONPATH=. python bench/arena_side_by_side.py --arena-dir /work/arena \\
+        --python /work/arena-venv/bin/python --policies fcfs,crius,sia,gavel,elasticflow \\
+        --rounds 2000 --speed-model arena-profile --out /work/arena-side-by-side
+
+For each policy: Arena's ``simulator.py`` runs as a timed subprocess (its stdout
+goes to ``OUT/arena-POLICY.log``, its .npy files under ``OUT/arena-POLICY/``),
+then Loom runs in-process on the same jobs (timed). ``OUT/POLICY.json`` is
+written as soon as a policy is done (a rerun with ``--resume`` loads it instead
+of running again, ``--reuse-arena`` reruns only Loom); the markdown table is
+printed and written to ``OUT/table.md``.
+Arena's source is never copied into Loom; it needs its own venv (numpy<2,
+pandas<2, cvxpy<1.5, scipy<1.14, statsmodels, matplotlib<3.9, orjson, cvxopt,
+cplex). Arena's crius and sia take over an hour each for 2,000 rounds.
+
+Arena (``sjtu-epcc/arena``, branch ``ae-eurosys``), as its artifact runs it
+--------------------------------------------------------------------------
+* Flags: ``--trace_type=philly --enable_alpa``; crius adds ``--sched_with_opt``;
+  Loom's ``elasticflow`` maps to ``elasticflow-l`` (the paper's ElasticFlow-LS:
+  deadline 1e9 s, every job admitted).
+* Rounds of 300 s from t0 = first submission. Round k (clock t0 + 300k)
+  advances running jobs over the last interval, ends those that ran out, then
+  submits the jobs with submission time in (t0 + 300k, t0 + 300(k+1)] — up to
+  300 s early — with their submission time reset to the round clock.
+  Trace iterations are divided by 5. A job (re)scheduled pays 10 s/GPU capped
+  at 40 s (crius) or 150 s/GPU capped at 600 s (baselines).
+* ``--max_sched_round=N`` stops the simulation after round N-1: it cuts both
+  arrivals (jobs submitted after t0 + 300N never arrive) and the end (jobs
+  still running or pending are unfinished). ``--runout`` (used for
+  ``--rounds 0``) runs until every job of the trace has ended.
+* Output: ``jct/P_jct.npy`` (JCT = end round clock - submission round clock,
+  a multiple of 300 s; finished jobs only, in end order),
+  ``queuing_time/P_queuing_time.npy`` (finished then unfinished jobs: its
+  length = jobs submitted), ``thr/P_thr.npy`` (cluster throughput per round),
+  ``resched_num``, ``sched_overhead`` (pickled dicts). Makespan is not written;
+  here it is 300 s × the round of the last job end, parsed from the log
+  ("completed and ended" lines under each round header).
+* Wall time: the whole subprocess, including about 5 s of start-up (imports,
+  profile database, trace) that a 1-round run also takes.
+* Average JCT = mean over finished jobs only. Its plotter's "reduction ratio"
+  pads each baseline's list with the largest JCT of any policy up to crius's
+  finished count; the table shows that ("padded") next to finished-only.
+
+Loom
+----
+* ``loom.workload.loaders.load_trace("arena-philly")`` (the same CSV),
+  cluster ``arena-1280``, ``best-fit`` placer, policy defaults from
+  ``POLICIES``, decision log off. Speed: ``arena-profile`` (Arena's
+  ``prof_database.pkl``, best plan per GPU count, estimator fallback) or
+  ``estimator``; both with iteration_scale 0.2 (Arena's /5).
+* Event-driven: exact submission and end times (no 300-s rounding), resize
+  costs of each Loom policy, not Arena's reconfiguration table. Like
+  elasticflow-l, Loom's elasticflow gets deadlines of submission + 1e9 s.
+* Wall time: `Simulation` construction (speed preparation) and run; the trace
+  and the profile database are loaded before the clock starts.
+* For ``--rounds N``, Loom simulates the jobs Arena submits (submission
+  <= t0 + 300N) and stops at its first scheduling round after t0 + 300(N-1),
+  Arena's last end check (`StopAt`), so both simulate the same span of time;
+  finished / average JCT / makespan count the jobs that ended by then.
+  ``--loom-full`` runs the subset to completion instead (same cut figures,
+  plus all-jobs ones in the JSON's ``loom.all``; wall time then covers more
+  simulated time than Arena's). ``--rounds 0``: the whole trace, no cut.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from loom.core.jobs import JobState
+from loom.core.protocols import PLACERS, POLICIES
+from loom.hardware.clusters import load_cluster
+from loom.report.metrics import summary
+from loom.sim.engine import Simulation
+from loom.workload.job import JobSpec
+from loom.workload.loaders import load_trace
+
+ROUND_S = 300.0
+LOOSE_DEADLINE_S = 1e9  # Arena's LOOSEN_DEADLINE for elasticflow-l
+ARENA_FLAGS: dict[str, list[str]] = {
+    "fcfs": ["--policy=fcfs"],
+    "crius": ["--policy=crius", "--sched_with_opt"],
+    "gavel": ["--policy=gavel"],
+    "sia": ["--policy=sia"],
+    "elasticflow": ["--policy=elasticflow-l"],
+}
+_ROUND = re.compile(r"Event-stream scheduling round:\s+(\d+)")
+_ENDED = re.compile(r"completed and ended: \[(.*)\]")
+
+
+def arena_subset(specs: list[JobSpec], rounds: int) -> tuple[list[JobSpec], float, float | None]:
+    """(jobs Arena submits within `rounds` rounds, t0, last end-check time); rounds 0 = all, no horizon."""
+    t0 = min(s.submit_time for s in specs)
+    if rounds <= 0:
+        return list(specs), t0, None
+    subset = [s for s in specs if s.submit_time <= t0 + ROUND_S * rounds]
+    return subset, t0, t0 + ROUND_S * (rounds - 1)
+
+
+def parse_arena_log(log: Path) -> list[tuple[int, str]]:
+    """(round, job alias) for every job end in an Arena simulator log."""
+    ends: list[tuple[int, str]] = []
+    current = -1
+    with log.open(errors="replace") as fh:
+        for line in fh:
+            if (m := _ROUND.search(line)) is not None:
+                current = int(m.group(1))
+            elif (m := _ENDED.search(line)) is not None and m.group(1).strip():
+                ends.extend((current, a.strip().strip("'\"")) for a in m.group(1).split(","))
+    return ends
+
+
+def run_arena(policy: str, arena_dir: Path, python: str, rounds: int, out: Path,
+              timeout: float | None) -> dict[str, Any]:
+    flags = ARENA_FLAGS[policy]
+    name = flags[0].split("=", 1)[1]
+    result_dir, log = out / f"arena-{policy}", out / f"arena-{policy}.log"
+    cut = ["--runout"] if rounds <= 0 else [f"--max_sched_round={rounds}"]
+    cmd = [python, "simulator.py", *flags, "--trace_type=philly", "--enable_alpa", *cut,
+           f"--result_dir={result_dir}"]
+    start = time.perf_counter()
+    try:
+        with log.open("w") as fh:
+            proc = subprocess.run(cmd, check=False, cwd=arena_dir, stdout=fh, stderr=subprocess.STDOUT,
+                                  timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with log.open(errors="replace") as fh:
+            rounds_run = max((int(m.group(1)) + 1 for m in map(_ROUND.search, fh) if m), default=0)
+        return {"status": f"timeout after {timeout:.0f} s (round {rounds_run})", "cmd": cmd,
+                "wall_s": time.perf_counter() - start}
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        return {"status": f"exit {proc.returncode} (see {log})", "cmd": cmd, "wall_s": wall}
+    jct = np.load(result_dir / "jct" / f"{name}_jct.npy").astype(float)
+    submitted = len(np.load(result_dir / "queuing_time" / f"{name}_queuing_time.npy"))
+    thr = np.load(result_dir / "thr" / f"{name}_thr.npy")
+    ends = parse_arena_log(log)
+    return {"status": "ok", "cmd": cmd, "wall_s": wall, "submitted": submitted, "finished": len(jct),
+            "avg_jct_s": float(jct.mean()) if len(jct) else None,
+            "makespan_s": ROUND_S * max(r for r, _ in ends) if ends else None,
+            "rounds": len(thr), "avg_thr": float(np.mean(thr)) if len(thr) else None,
+            "jct_s": jct.tolist()}
+
+
+def make_speed(kind: str, arena_dir: Path) -> Any:
+    if kind == "arena-profile":
+        from loom.sim.arena_profile import ArenaProfileSpeed
+        return ArenaProfileSpeed(str(arena_dir / "database" / "prof_database.pkl"), iteration_scale=0.2)
+    from loom.sim.estimator_speed import EstimatorSpeed
+    return EstimatorSpeed(iteration_scale=0.2)
+
+
+class _HorizonReached(Exception):
+    pass
+
+
+class StopAt:
+    """Policy wrapper that ends the simulation at its first round after `horizon` (Arena's cut)."""
+
+    def __init__(self, policy: Any, horizon: float) -> None:
+        self.policy, self.horizon = policy, horizon
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.policy, name)
+
+    def schedule(self, ctx: Any) -> Any:
+        if ctx.now > self.horizon:
+            raise _HorizonReached
+        return self.policy.schedule(ctx)
+
+
+def run_loom(policy: str, specs: list[JobSpec], t0: float, horizon: float | None, speed: Any,
+             to_completion: bool) -> dict[str, Any]:
+    start = time.perf_counter()
+    chosen = POLICIES.get(policy)()
+    stop = horizon is not None and not to_completion
+    sim = Simulation(load_cluster("arena-1280"), specs, StopAt(chosen, horizon) if stop else chosen,
+                     PLACERS.get("best-fit")(), speed, log_decisions=False)
+    try:
+        result = sim.run()
+    except _HorizonReached:
+        result = None
+    wall = time.perf_counter() - start
+    ends = [(j.end_time, j.end_time - j.spec.submit_time) for j in sim.jobs
+            if j.state is JobState.FINISHED and (horizon is None or j.end_time <= horizon)]
+    jct = [d for _, d in ends]
+    out: dict[str, Any] = {
+        "status": "ok", "wall_s": wall, "submitted": len(specs), "finished": len(jct),
+        "stopped_at_horizon": result is None, "avg_jct_s": float(np.mean(jct)) if jct else None,
+        "makespan_s": max(e for e, _ in ends) - t0 if ends else None, "jct_s": jct,
+    }
+    if result is not None:  # ran to completion: all-jobs figures too
+        s = summary(result)
+        out["all"] = {k: s[k] for k in ("finished", "unfinished", "rejected", "avg_jct_s", "makespan_s",
+                                        "gpu_utilization", "preemptions", "events", "rounds")}
+    fallbacks = getattr(speed, "fallbacks", None)
+    if fallbacks is not None:
+        out["speed_fallbacks"] = len(fallbacks)
+    return out
+
+
+def reduction(crius: dict[str, Any], other: dict[str, Any], max_jct: float) -> tuple[float, float] | None:
+    """Crius's JCT reduction vs `other`: (finished-only means, Arena's plotter padding with max_jct)."""
+    if crius.get("status") != "ok" or other.get("status") != "ok" or not crius["jct_s"] or not other["jct_s"]:
+        return None
+    c, o = np.mean(crius["jct_s"]), list(other["jct_s"])
+    padded = o + [max_jct] * max(0, len(crius["jct_s"]) - len(o))
+    return float((np.mean(o) - c) / np.mean(o)), float((np.mean(padded) - c) / np.mean(padded))
+
+
+def _num(x: float | None, fmt: str = "{:,.0f}") -> str:
+    return "—" if x is None else fmt.format(x)
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    head = ("| policy | finished Arena | finished Loom | avg JCT Arena s | avg JCT Loom s | makespan Arena s "
+            "| makespan Loom s | wall Arena s | wall Loom s | wall Arena/Loom | crius ΔJCT Arena | crius ΔJCT Loom |")
+    lines = [head, "| :--- |" + " ---: |" * 11]
+    max_jct = {sim: max((max(r[sim]["jct_s"], default=0.0) for r in results.values()
+                         if r[sim].get("status") == "ok"), default=0.0) for sim in ("arena", "loom")}
+    for policy, r in results.items():
+        a, lm = r["arena"], r["loom"]
+        cells = [policy]
+        for key in ("finished", "avg_jct_s", "makespan_s", "wall_s"):
+            for side in (a, lm):
+                if key != "wall_s" and side.get("status") != "ok":
+                    cells.append(side.get("status", "—") if key == "finished" else "—")
+                elif key == "finished":
+                    cells.append(f"{side['finished']}/{side['submitted']}")
+                else:
+                    cells.append(_num(side.get(key), fmt="{:,.1f}" if key == "wall_s" else "{:,.0f}"))
+        ratio = a["wall_s"] / lm["wall_s"] if a.get("status") == lm.get("status") == "ok" else None
+        cells.append(_num(ratio, fmt="{:,.1f}×"))
+        for sim in ("arena", "loom"):
+            red = reduction(results["crius"][sim], r[sim], max_jct[sim]) if "crius" in results else None
+            cells.append("—" if policy == "crius" or red is None else f"{-100 * red[0]:+.1f}% "
+                         f"(padded {-100 * red[1]:+.1f}%)")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--arena-dir", type=Path, default=Path("/work/arena"))
+    p.add_argument("--python", default="/work/arena-venv/bin/python", help="interpreter of Arena's venv")
+    p.add_argument("--policies", default="fcfs,crius,sia,gavel,elasticflow")
+    p.add_argument("--rounds", type=int, default=2000, help="Arena's --max_sched_round; 0 = whole trace (--runout)")
+    p.add_argument("--speed-model", choices=("arena-profile", "estimator"), default="arena-profile")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--arena-timeout", type=float, default=0.0, help="seconds per Arena run; 0 = none")
+    p.add_argument("--loom-full", action="store_true",
+                   help="run Loom's subset to completion instead of stopping at Arena's last round")
+    p.add_argument("--resume", action="store_true", help="reuse OUT/POLICY.json files already written")
+    p.add_argument("--reuse-arena", action="store_true", help="rerun only Loom where OUT/POLICY.json has Arena's")
+    args = p.parse_args()
+    policies = [x.strip() for x in args.policies.split(",") if x.strip()]
+    unknown = [x for x in policies if x not in ARENA_FLAGS]
+    if unknown:
+        p.error(f"unknown policies {unknown}; known: {', '.join(ARENA_FLAGS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    specs, t0, horizon = arena_subset(list(load_trace("arena-philly")), args.rounds)
+    print(f"{len(specs)} jobs, t0 {t0:.0f} s, horizon {horizon}", flush=True)
+    results: dict[str, dict[str, Any]] = {}
+    for policy in policies:
+        path = args.out / f"{policy}.json"
+        old = json.loads(path.read_text()) if path.is_file() else None
+        if old is not None and old["rounds"] != args.rounds:
+            old = None  # another cut: never mixed in
+        if args.resume and old is not None and old["speed_model"] == args.speed_model:
+            results[policy] = old
+            continue
+        if args.reuse_arena and old is not None and old["arena"].get("status") == "ok":
+            arena = old["arena"]
+        else:
+            arena = run_arena(policy, args.arena_dir, args.python, args.rounds, args.out, args.arena_timeout or None)
+        print(f"{policy}: Arena {arena['status']} in {arena['wall_s']:.1f} s", flush=True)
+        jobs = [replace(x, deadline=x.submit_time + LOOSE_DEADLINE_S) for x in specs] \
+            if policy == "elasticflow" else specs
+        loom = run_loom(policy, jobs, t0, horizon, make_speed(args.speed_model, args.arena_dir), args.loom_full)
+        print(f"{policy}: Loom finished {loom['finished']}/{loom['submitted']} in {loom['wall_s']:.1f} s", flush=True)
+        results[policy] = {"policy": policy, "rounds": args.rounds, "speed_model": args.speed_model,
+                           "horizon_s": horizon, "t0_s": t0, "arena": arena, "loom": loom}
+        path.write_text(json.dumps(results[policy], indent=1))
+    md = table(results)
+    (args.out / "table.md").write_text(md + "\n")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
