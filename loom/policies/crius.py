@@ -176,6 +176,8 @@ class _Round:
         self.head: Job | None = None  # first job blocked this round
         self.job_of: dict[str, Job] = dict(ctx.running)
         self.fresh: dict[str, Decision] = {}  # job started this round → its Start/Resume decision
+        self.version = 0  # bumped on every change to this round's state: keys the freeing-moves cache
+        self._moves: dict[str, tuple[int, list]] = {}
 
     # -- helpers ---------------------------------------------------------------
     def options(self, job: Job) -> dict[tuple[str, int], Option]:
@@ -232,6 +234,7 @@ class _Round:
         self.plan.start(job, alloc, reason, opt.plan)
         self.free[opt.gpu_type] -= opt.gpus
         self.touched.add(job.job_id)
+        self.version += 1
         self.cur[job.job_id] = (alloc, opt.gpu_type)
         self.job_of[job.job_id] = job
         self.fresh[job.job_id] = self.plan.decisions[-1]
@@ -264,6 +267,7 @@ class _Round:
         self.fresh[jid] = decisions[-1]
         self.plan.started = [(j, alloc if j.job_id == jid else a) for j, a in self.plan.started]
         self.cur[jid] = (alloc, opt.gpu_type)
+        self.version += 1
         return True
 
     def preempt(self, job: Job, why: str) -> None:
@@ -272,6 +276,7 @@ class _Round:
         self.free[t] += alloc.total
         self.p.opportunistic_jobs.pop(job.job_id, None)
         self.touched.add(job.job_id)
+        self.version += 1
 
     def rescale(self, job: Job, opt: Option, why: str) -> bool:
         """Resize (count changes) or Migrate (same count, other type) `job` to `opt`."""
@@ -307,6 +312,7 @@ class _Round:
             self.p.stats["resizes"] += 1
         self.cur[job.job_id] = (alloc, opt.gpu_type)
         self.touched.add(job.job_id)
+        self.version += 1
         return True
 
     # -- the round -------------------------------------------------------------
@@ -415,10 +421,15 @@ class _Round:
                     self.p.held = None if opt is None else Hold(job.job_id, opt.gpu_type, opt.gpus,
                                                                 hard=not self.p.opportunistic)
 
-    def freeing_moves(self, gpu_type: str, job: Job) -> list[tuple[float, int, Job, Option]]:
+    def freeing_moves(self, gpu_type: str) -> list[tuple[float, int, Job, Option]]:
         """Per running job on `gpu_type`, its cheapest way to free GPUs there, as
         (value lost, GPUs freed, job, new option): shrink to its next lower Cell, or
-        move to another type with free GPUs at no more GPUs than it has."""
+        move to another type with free GPUs at no more GPUs than it has. Cheapest
+        per GPU first; cached until this round's state changes (most blocked jobs
+        change nothing, so a long queue costs one scan per type)."""
+        cached = self._moves.get(gpu_type)
+        if cached is not None and cached[0] == self.version:
+            return cached[1]
         moves = []
         for jid, (alloc, t) in self.cur.items():
             if t != gpu_type or jid in self.touched or jid in self.p.opportunistic_jobs:
@@ -435,6 +446,8 @@ class _Round:
             if cands:
                 loss, freed, o = min(cands, key=lambda m: m[0] / m[1])
                 moves.append((loss, freed, r, o))
+        moves.sort(key=lambda m: m[0] / m[1])
+        self._moves[gpu_type] = (self.version, moves)
         return moves
 
     def admit_by_rescaling(self, job: Job, opts: list[Option]) -> bool:
@@ -444,7 +457,7 @@ class _Round:
             deficit = opt.gpus - self.avail(t, job)
             if deficit <= 0 or (t == self.starved_type and job.job_id not in self.starved):
                 continue
-            moves = self.freeing_moves(t, job)
+            moves = self.freeing_moves(t)
             for chosen in (self._greedy(moves, deficit), self._single(moves, deficit)):
                 if chosen is not None:
                     total = opt.value - sum(m[0] for m in chosen)
@@ -468,7 +481,7 @@ class _Round:
         """Cheapest value lost per GPU freed first, ≤ admit_depth moves; a move to
         another type uses that type's free GPUs, so two moves cannot share them."""
         chosen, freed, other = [], 0, dict(self.free)
-        for m in sorted(moves, key=lambda m: m[0] / m[1]):
+        for m in moves:  # sorted: cheapest value lost per GPU freed first
             new = m[3]
             if new.gpu_type != self.cur[m[2].job_id][1]:
                 if other[new.gpu_type] < new.gpus:
@@ -499,6 +512,7 @@ class _Round:
         del plan.decisions[n_dec:]
         del plan.started[n_started:]
         self.cur, self.free, self.touched, self.fresh = cur, free, touched, fresh
+        self.version += 1  # never reuse a version: cached moves of the abandoned branch stay stale
         self.p.stats.clear()
         self.p.stats.update(stats)
         self.p.opportunistic_jobs = opp
