@@ -58,11 +58,14 @@ def _policy_stats(policy: Any) -> dict[str, Any]:
     """Counters a policy keeps (e.g. reservation violations), prefixed by its name."""
     from dataclasses import asdict, is_dataclass
 
-    stats = getattr(policy, "stats", None)
-    if stats is None or not is_dataclass(stats):
+    summary_stats = getattr(policy, "summary_stats", None)
+    stats = summary_stats() if callable(summary_stats) else getattr(policy, "stats", None)
+    if is_dataclass(stats) and not isinstance(stats, type):
+        stats = asdict(stats)
+    if not isinstance(stats, dict):
         return {}
     out: dict[str, Any] = {}
-    for key, value in asdict(stats).items():
+    for key, value in stats.items():
         if isinstance(value, dict):
             value = {str(k): v for k, v in value.items()}
         out[f"{policy.name}_{key}"] = value

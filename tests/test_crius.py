@@ -158,3 +158,20 @@ def test_bad_params(params, field):
     with pytest.raises(LoomInputError) as info:
         Crius(**params)
     assert field in str(info.value) or field in (getattr(info.value, "field", "") or "")
+
+
+def test_cli_run_reports_crius_counters_profiling_and_latency(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from loom.cli.main import app
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["simulate", "--trace", "arena-pai", "--cluster", "arena-1280", "--policy", "crius",
+                                   "--speed-model", "estimator", "--limit", "20", "--out", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["finished"] == 20 and summary["crius_starts"] >= 20
+    assert 0 < summary["crius_profiling_delay_s_median"] <= summary["crius_profiling_delay_s_max"]
+    assert summary["avg_queue_s"] >= summary["crius_profiling_delay_s_median"] / 2  # jobs wait for profiling
+    assert 0 < summary["decision_ms_median"] <= summary["decision_ms_p99"]

@@ -140,6 +140,12 @@ class Crius:
         opt = self.cells_of(job).options.get((gpu_type, gpus))
         return opt.value if opt else 0.0
 
+    def summary_stats(self) -> dict[str, float]:
+        """Counters plus the profiling delay jobs waited (summary.json: ``crius_<key>``)."""
+        delays = sorted(self.profiling_delay_s.values())
+        median = delays[len(delays) // 2] if delays else 0.0
+        return {**self.stats, "profiling_delay_s_median": median, "profiling_delay_s_max": delays[-1] if delays else 0.0}
+
     def schedule(self, ctx: SchedulingContext) -> list[Decision]:
         self.book(ctx)
         r = _Round(self, ctx)
