@@ -247,50 +247,13 @@ class _Round:
         p.stats["starts"] += 1
         return True
 
-    def enlarge_start(self, job: Job, opt: Option, delta: float) -> bool:
-        """Start a job started this round on a larger Cell instead (no restart to pay)."""
-        jid = job.job_id
-        old, t = self.cur[jid]
-        state = self.plan.state
-        state.release(old)
-        self.free[t] += old.total
-        alloc = self.place(job, opt.gpu_type, opt.gpus)
-        if alloc is None:
-            state.allocate(old)
-            self.free[t] -= old.total
-            return False
-        state.allocate(alloc)
-        self.free[opt.gpu_type] -= alloc.total
-        # the new start goes last: decisions made since may have freed the GPUs it now uses
-        decisions = self.plan.decisions
-        index = next(i for i, d in enumerate(decisions) if d is self.fresh[jid])
-        kind = type(decisions.pop(index))
-        verb = "resume" if job.first_start is not None else "start"
-        reason = (f"crius: {verb} {jid} on {self.describe(opt)}; idle GPUs, its Cell gains most from them "
-                  f"(Δ throughput {delta:+.2f}); profiled {self.p.profiling_delay_s[jid]:.0f}s; "
-                  f"{self.plan.placer.name} on {len(alloc.nodes)} node(s)")
-        decisions.append(kind(jid, alloc, reason, opt.plan))
-        self.fresh[jid] = decisions[-1]
-        self.plan.started = [(j, alloc if j.job_id == jid else a) for j, a in self.plan.started]
-        self.cur[jid] = (alloc, opt.gpu_type)
-        self.version += 1
-        return True
-
-    def preempt(self, job: Job, why: str) -> None:
-        alloc, t = self.cur.pop(job.job_id)
-        self.plan.preempt(job, why)
-        self.free[t] += alloc.total
-        self.p.opportunistic_jobs.pop(job.job_id, None)
-        self.touched.add(job.job_id)
-        self.version += 1
-
-    def rescale(self, job: Job, opt: Option, why: str) -> bool:
-        """Resize (count changes) or Migrate (same count, other type) `job` to `opt`."""
+    def reallocate(self, job: Job, opt: Option, shrink_in_place: bool) -> Allocation | None:
+        """Move `job`'s GPUs in this round's state to `opt` (or leave them, returning None)."""
         old, old_type = self.cur[job.job_id]
         state = self.plan.state
         state.release(old)
         self.free[old_type] += old.total
-        if opt.gpu_type == old_type and opt.gpus < old.total:  # shrink in place
+        if shrink_in_place and opt.gpu_type == old_type and opt.gpus < old.total:
             nodes, gpus, left = [], [], opt.gpus
             for node, g in zip(old.nodes, old.gpus):
                 if left <= 0:
@@ -304,9 +267,46 @@ class _Round:
         if alloc is None:
             state.allocate(old)
             self.free[old_type] -= old.total
-            return False
+            return None
         state.allocate(alloc)
         self.free[opt.gpu_type] -= alloc.total
+        self.cur[job.job_id] = (alloc, opt.gpu_type)
+        self.version += 1
+        return alloc
+
+    def enlarge_start(self, job: Job, opt: Option, delta: float) -> bool:
+        """Start a job started this round on a larger Cell instead (no restart to pay)."""
+        jid = job.job_id
+        alloc = self.reallocate(job, opt, shrink_in_place=False)
+        if alloc is None:
+            return False
+        # the new start goes last: decisions made since may have freed the GPUs it now uses
+        decisions = self.plan.decisions
+        index = next(i for i, d in enumerate(decisions) if d is self.fresh[jid])
+        kind = type(decisions.pop(index))
+        verb = "resume" if job.first_start is not None else "start"
+        reason = (f"crius: {verb} {jid} on {self.describe(opt)}; idle GPUs, its Cell gains most from them "
+                  f"(Δ throughput {delta:+.2f}); profiled {self.p.profiling_delay_s[jid]:.0f}s; "
+                  f"{self.plan.placer.name} on {len(alloc.nodes)} node(s)")
+        decisions.append(kind(jid, alloc, reason, opt.plan))
+        self.fresh[jid] = decisions[-1]
+        self.plan.started = [(j, alloc if j.job_id == jid else a) for j, a in self.plan.started]
+        return True
+
+    def preempt(self, job: Job, why: str) -> None:
+        alloc, t = self.cur.pop(job.job_id)
+        self.plan.preempt(job, why)
+        self.free[t] += alloc.total
+        self.p.opportunistic_jobs.pop(job.job_id, None)
+        self.touched.add(job.job_id)
+        self.version += 1
+
+    def rescale(self, job: Job, opt: Option, why: str) -> bool:
+        """Resize (count changes) or Migrate (same count, other type) `job` to `opt`."""
+        old, old_type = self.cur[job.job_id]
+        alloc = self.reallocate(job, opt, shrink_in_place=True)
+        if alloc is None:
+            return False
         pause = self.p.restart_delay_s
         verb = "migrate" if opt.gpus == old.total and opt.gpu_type != old_type else "resize"
         reason = f"crius: {verb} {job.job_id} {old.total}×{old_type} → {self.describe(opt)}; {why}; restart {pause:.0f}s"
@@ -316,9 +316,7 @@ class _Round:
         else:
             self.plan.decisions.append(Resize(job.job_id, alloc, reason, opt.plan, pause))
             self.p.stats["resizes"] += 1
-        self.cur[job.job_id] = (alloc, opt.gpu_type)
         self.touched.add(job.job_id)
-        self.version += 1
         return True
 
     # -- the round -------------------------------------------------------------
