@@ -255,3 +255,33 @@ def test_hierarchical_zero_shards_within_groups():
     assert local.iteration_s < whole.iteration_s
     with pytest.raises(PlanError, match="shard"):
         check_plan(job, ParallelPlan(dp=64, zero_stage=1, zero_shard=6), 64)
+
+
+# -- search fast path -----------------------------------------------------------
+@pytest.mark.parametrize("gpus, gpu_type, per_node", [(4, "V100", 4), (8, "V100", 8), (32, "A40", 4)])
+def test_search_ranks_exactly_as_full_estimates(gpus, gpu_type, per_node):
+    """search_plans prices plans without building Estimates; the ranking, the
+    returned estimates and the no-fit reason match pricing every plan in full."""
+    from loom.perf.search import _memory_of, candidate_plans
+
+    job = TrainingJob(preset("llama2-13b"), 256)
+    hw = Hardware(gpu_type, gpus_per_node=per_node)
+    fresh = Estimator()
+    estimates = [fresh.estimate_uncached(job, hw, plan) for plan in candidate_plans(job, hw, gpus)]
+    for estimate in estimates:
+        assert Estimator().price(job, hw, estimate.plan) == (
+            estimate.iteration_s, estimate.memory_gib_per_gpu, estimate.reason
+        )
+    feasible = [e for e in estimates if e.feasible]
+    feasible.sort(key=lambda e: (round(e.iteration_s, 9), e.plan.zero_stage,
+                                 ("none", "selective", "full").index(e.plan.recompute), e.plan.virtual_stages,
+                                 e.memory_gib_per_gpu))  # fmt: skip
+    result = search_plans(job, hw, gpus, top=3, estimator=Estimator())
+    assert result.considered == len(estimates) and result.feasible == len(feasible)
+    assert result.top == tuple(feasible[:3]) and result.best == (feasible[0] if feasible else None)
+    if not feasible:
+        smallest = ""
+        for e in estimates:
+            if not smallest or e.memory_gib_per_gpu < _memory_of(smallest):
+                smallest = e.reason
+        assert result.reason.endswith(smallest)

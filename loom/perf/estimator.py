@@ -16,7 +16,7 @@ slowest stage.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 from loom.core.plan import ParallelPlan
@@ -37,6 +37,7 @@ UNFUSED_TRAFFIC_FACTOR = 2.5
 # 2-socket node / 8 GPUs at ~50%) and the PCIe Gen4 x16 link for grads/weights.
 HOST_MEMORY_GBPS_PER_GPU = 25.0
 PCIE_GBPS = 25.0
+MAX_MEMO_STAGES = 1 << 14  # distinct stages remembered per job and placement
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +144,31 @@ class _StageTime:
     memory_bytes: float
 
 
+@dataclass(frozen=True, slots=True)
+class _Timing:
+    times: list[tuple[StageSpec, _StageTime]]
+    micro_batches: int
+    slowest: float  # micro-batch time of the slowest stage
+    pipeline: float
+    embedding_sync: float
+    iteration: float
+
+
+@dataclass(slots=True)
+class _StageMemo:
+    """Stage quantities shared by the plans of one job and placement."""
+
+    stage_ids: dict[StageSpec, int] = field(default_factory=dict)  # the keys below name stages by id
+    compute: dict[tuple[int, int, str], tuple[float, float, float]] = field(default_factory=dict)
+    send: dict[tuple[int, int], float] = field(default_factory=dict)
+    sync: dict[tuple[int, int, int], tuple[float, float, float, float]] = field(default_factory=dict)
+    embedding: dict[tuple[int, Hardware], float] = field(default_factory=dict)
+
+    def clear(self) -> None:
+        for table in (self.stage_ids, self.compute, self.send, self.sync, self.embedding):
+            table.clear()
+
+
 class Estimator:
     """Prices plans; memoised so simulations can ask millions of times."""
 
@@ -150,6 +176,10 @@ class Estimator:
         self.calibration = calibration or load_calibration()
         self.comm: CommModel = comm or BusBandwidthComm(self.calibration)
         self.estimate = lru_cache(maxsize=cache_size)(self.estimate_uncached)  # type: ignore[method-assign]
+        self._memo = lru_cache(maxsize=256)(self._new_memo)
+
+    def _new_memo(self, job: TrainingJob, placement: Placement) -> _StageMemo:
+        return _StageMemo()
 
     def estimate(self, job: TrainingJob, hardware: Hardware, plan: ParallelPlan, placement: Placement = PACKED) -> Estimate:  # noqa: D102 (replaced per instance)
         return self.estimate_uncached(job, hardware, plan, placement)
@@ -166,55 +196,65 @@ class Estimator:
     ) -> Estimate:
         """Estimate for explicit stages; `plan` gives pp, micro-batches (via
         micro_batch·dp), vpp, ZeRO and recomputation."""
+        return self._result(job, stages, plan, self._timing(job, stages, plan, placement))
+
+    def price(
+        self, job: TrainingJob, hardware: Hardware, plan: ParallelPlan, placement: Placement = PACKED
+    ) -> tuple[float, float, str]:
+        """What a plan search ranks by, without building the `Estimate`:
+        (iteration_s, memory_gib_per_gpu, reason), equal to those fields of
+        `estimate(...)` (reason is empty when the plan fits). The caller has
+        checked the plan (`check_plan`)."""
+        timing = self._timing(job, uniform_stages(job, hardware, plan), plan, placement)
+        memory, reason = self._fit(timing.times)
+        return timing.iteration, memory / GIB, reason
+
+    def _timing(
+        self, job: TrainingJob, stages: tuple[StageSpec, ...], plan: ParallelPlan, placement: Placement
+    ) -> _Timing:
         micro_batches = job.global_batch // (plan.micro_batch * plan.dp)
+        memo = self._memo(job, placement)
+        if len(memo.stage_ids) > MAX_MEMO_STAGES:  # bound memory (Crius cells make many stage shapes)
+            memo.clear()
         times = []
         rank = 0
         for stage in stages:
-            times.append((stage, self._stage_time(job, stage, plan, placement, micro_batches, rank)))
+            times.append((stage, self._stage_time(job, stage, plan, placement, micro_batches, rank, memo)))
             rank += stage.count
         slowest = max(t.micro_batch_s for _, t in times)
         total = sum(t.micro_batch_s * s.count for s, t in times)
         pipeline = micro_batches * slowest + (total - slowest) / plan.virtual_stages
         tail = max(t.dp_s + t.optimizer_s for _, t in times)
-        embedding_sync = self._embedding_sync(job, stages, plan, placement)
+        embedding_sync = self._embedding_sync(job, stages, plan, placement, memo)
         iteration = pipeline + tail + embedding_sync
-        return self._result(job, stages, plan, times, micro_batches, slowest, pipeline, tail, embedding_sync, iteration)
+        return _Timing(times, micro_batches, slowest, pipeline, embedding_sync, iteration)
 
     # -- one stage ----------------------------------------------------------
     def _stage_time(
-        self, job: TrainingJob, stage: StageSpec, plan: ParallelPlan, placement: Placement, micro_batches: int, rank: int
+        self,
+        job: TrainingJob,
+        stage: StageSpec,
+        plan: ParallelPlan,
+        placement: Placement,
+        micro_batches: int,
+        rank: int,
+        memo: _StageMemo,
     ) -> _StageTime:
-        hw, cal = stage.hardware, self.calibration
-        spec, links = _hardware_numbers(hw)
         mb = job.global_batch // (micro_batches * stage.dp)
-        gemm, traffic, backward_share = self._stage_work(job, stage, mb, plan.recompute)
-        peak = spec.tflops_bf16 if job.precision == "bf16" else spec.tflops_fp16
-        compute = gemm / (peak * 1e12 * cal.gemm_efficiency) + traffic / (
-            spec.memory_bw_gbps * 1e9 * cal.memory_efficiency
-        )
-        model = job.model
-        tokens = mb * model.seq_len
-        per_node = hw.gpus_per_node
-        tp_s = 0.0
-        if stage.tp > 1:
-            calls = 4 + (2 if plan.recompute == "full" else 0)
-            group = GroupShape(size=stage.tp, per_node=min(stage.tp, per_node))
-            tp_s = stage.layers * calls * self.comm.all_reduce(tokens * model.hidden * job.tp_bytes, group, links)
+        sid = memo.stage_ids.setdefault(stage, len(memo.stage_ids))  # hash the stage once
+        key = (sid, mb, plan.recompute)
+        if (work := memo.compute.get(key)) is None:
+            work = memo.compute[key] = self._stage_compute(job, stage, mb, plan.recompute)
+        compute, backward, tp_s = work
         p2p_s = 0.0
         pp = plan.pp
         if pp > 1:
-            same_node = stage.tp * stage.dp < per_node
-            group = GroupShape(
-                size=2,
-                per_node=2 if same_node else 1,
-                minipods=placement.pp_minipods,
-                oversubscription=placement.pp_oversubscription,
-            )
-            message = tokens * model.hidden * job.activation_bytes / stage.tp
-            p2p_s = 2 * plan.virtual_stages * self.comm.send(message, group, links)
-        params = self._stage_params(job, stage) / stage.tp
-        dp_s, zero3_s = self._dp_sync(job, stage, plan, placement, params, micro_batches)
-        backward = compute * backward_share
+            if (send := memo.send.get(key := (sid, mb))) is None:
+                send = memo.send[key] = self._stage_send(job, stage, mb, placement)
+            p2p_s = 2 * plan.virtual_stages * send
+        if (sync := memo.sync.get(key := (sid, plan.zero_stage, plan.zero_shard))) is None:
+            sync = memo.sync[key] = self._stage_sync(job, stage, plan.zero_stage, plan.zero_shard, placement)
+        params, dp_s, zero3_s, optimizer_s = sync
         # 1F1B drains from the last stage: stage r finishes its last backward r
         # backward slots before the first stage, so its gradient sync starts
         # that much earlier (and overlaps its own last backward pass if allowed).
@@ -222,13 +262,6 @@ class Estimator:
         dp_s = max(0.0, dp_s - window)
         zero3_exposed = max(0.0, zero3_s - compute)
         micro_batch_s = compute + tp_s + p2p_s + zero3_exposed
-        updated = params / (plan.zero_shard or stage.dp) if plan.zero_stage >= 1 else params
-        if job.optimizer_offload:  # fp32 grads down, bf16 weights up, Adam on the host
-            optimizer_s = updated * (
-                OPTIMIZER_BYTES_PER_PARAM / (HOST_MEMORY_GBPS_PER_GPU * 1e9) + 6.0 / (PCIE_GBPS * 1e9)
-            )
-        else:
-            optimizer_s = OPTIMIZER_BYTES_PER_PARAM * updated / (spec.memory_bw_gbps * 1e9 * cal.memory_efficiency)
         stage_plan = plan
         if (stage.dp, stage.tp, mb) != (plan.dp, plan.tp, plan.micro_batch):  # unequal stages
             stage_plan = ParallelPlan(
@@ -237,6 +270,61 @@ class Estimator:
             )  # fmt: skip
         memory = stage_memory_bytes(job, stage_plan, params, stage.layers, rank, stage.last)
         return _StageTime(micro_batch_s, compute, tp_s, p2p_s, backward, dp_s, optimizer_s, memory)
+
+    # The parts of a stage's time below depend on a few of the plan's knobs
+    # only, so they are memoised (per job and placement, see `_StageMemo`)
+    # and shared across the plans a search prices.
+    def _stage_compute(
+        self, job: TrainingJob, stage: StageSpec, mb: int, recompute: str
+    ) -> tuple[float, float, float]:
+        """(compute, backward share of it, exposed TP collectives) for one micro-batch."""
+        hw, cal = stage.hardware, self.calibration
+        spec, links = _hardware_numbers(hw)
+        gemm, traffic, backward_share = self._stage_work(job, stage, mb, recompute)
+        peak = spec.tflops_bf16 if job.precision == "bf16" else spec.tflops_fp16
+        compute = gemm / (peak * 1e12 * cal.gemm_efficiency) + traffic / (
+            spec.memory_bw_gbps * 1e9 * cal.memory_efficiency
+        )
+        tp_s = 0.0
+        if stage.tp > 1:
+            model = job.model
+            tokens = mb * model.seq_len
+            calls = 4 + (2 if recompute == "full" else 0)
+            group = GroupShape(size=stage.tp, per_node=min(stage.tp, hw.gpus_per_node))
+            tp_s = stage.layers * calls * self.comm.all_reduce(tokens * model.hidden * job.tp_bytes, group, links)
+        return compute, compute * backward_share, tp_s
+
+    def _stage_send(self, job: TrainingJob, stage: StageSpec, mb: int, placement: Placement) -> float:
+        """One activation send between pipeline stages."""
+        model = job.model
+        tokens = mb * model.seq_len
+        same_node = stage.tp * stage.dp < stage.hardware.gpus_per_node
+        group = GroupShape(
+            size=2,
+            per_node=2 if same_node else 1,
+            minipods=placement.pp_minipods,
+            oversubscription=placement.pp_oversubscription,
+        )
+        message = tokens * model.hidden * job.activation_bytes / stage.tp
+        return self.comm.send(message, group, _hardware_numbers(stage.hardware)[1])
+
+    def _stage_sync(
+        self, job: TrainingJob, stage: StageSpec, zero_stage: int, zero_shard: int, placement: Placement
+    ) -> tuple[float, float, float, float]:
+        """(parameters per GPU, gradient sync before overlap, ZeRO-3 gathers per
+        micro-batch, optimizer step)."""
+        cal = self.calibration
+        params = self._stage_params(job, stage) / stage.tp
+        dp_s, zero3_s = self._dp_sync(job, stage, zero_stage, zero_shard, placement, params)
+        updated = params / (zero_shard or stage.dp) if zero_stage >= 1 else params
+        if job.optimizer_offload:  # fp32 grads down, bf16 weights up, Adam on the host
+            optimizer_s = updated * (
+                OPTIMIZER_BYTES_PER_PARAM / (HOST_MEMORY_GBPS_PER_GPU * 1e9) + 6.0 / (PCIE_GBPS * 1e9)
+            )
+        else:
+            spec = _hardware_numbers(stage.hardware)[0]
+            optimizer_s = OPTIMIZER_BYTES_PER_PARAM * updated / (spec.memory_bw_gbps * 1e9 * cal.memory_efficiency)
+        return params, dp_s, zero3_s, optimizer_s
 
     def _stage_work(self, job: TrainingJob, stage: StageSpec, mb: int, recompute: str) -> tuple[float, float, float]:
         """GEMM FLOPs and memory traffic per GPU for one micro-batch, and the
@@ -284,7 +372,7 @@ class Estimator:
         return params
 
     def _dp_sync(
-        self, job: TrainingJob, stage: StageSpec, plan: ParallelPlan, placement: Placement, params: float, m: int
+        self, job: TrainingJob, stage: StageSpec, zero_stage: int, zero_shard: int, placement: Placement, params: float
     ) -> tuple[float, float]:
         """(gradient sync after the last micro-batch, ZeRO-3 gathers per micro-batch)."""
         dp = stage.dp
@@ -297,9 +385,9 @@ class Estimator:
         )
         grads = params * job.grad_bytes
         weights = params * 2.0
-        shard = plan.zero_shard or dp
+        shard = zero_shard or dp
         comm = self.comm
-        if plan.zero_stage <= 1 and shard == dp:
+        if zero_stage <= 1 and shard == dp:
             return comm.all_reduce(grads, whole, links), 0.0
         inner = GroupShape(size=shard, per_node=min(shard, per_node))
         across = GroupShape(
@@ -309,7 +397,7 @@ class Estimator:
             oversubscription=placement.dp_oversubscription,
         )
         across_sync = comm.all_reduce(grads / shard, across, links)  # the shard across shard groups
-        if plan.zero_stage <= 2:  # reduce-scatter grads, all-gather updated weights in the shard group
+        if zero_stage <= 2:  # reduce-scatter grads, all-gather updated weights in the shard group
             return comm.reduce_scatter(grads, inner, links) + across_sync + comm.all_gather(weights, inner, links), 0.0
         # ZeRO-3 gathers each layer's weights for forward and backward and
         # reduce-scatters its gradients every micro-batch.
@@ -320,30 +408,27 @@ class Estimator:
         return across_sync, layers * per_layer
 
     def _embedding_sync(
-        self, job: TrainingJob, stages: tuple[StageSpec, ...], plan: ParallelPlan, placement: Placement
+        self, job: TrainingJob, stages: tuple[StageSpec, ...], plan: ParallelPlan, placement: Placement, memo: _StageMemo
     ) -> float:
         """Tied input/output embeddings on different stages all-reduce their gradients."""
         model = job.model
         if plan.pp == 1 or model.kind == "cnn" or not model.tied_embeddings:
             return 0.0
         first = stages[0]
+        embedding = memo.embedding
+        if (sync := embedding.get(key := (first.tp, first.hardware))) is None:
+            sync = embedding[key] = self._embedding_all_reduce(job, first.tp, first.hardware, placement)
+        return sync
+
+    def _embedding_all_reduce(self, job: TrainingJob, tp: int, hardware: Hardware, placement: Placement) -> float:
+        model = job.model
         group = GroupShape(size=2, per_node=1, minipods=placement.pp_minipods, oversubscription=placement.pp_oversubscription)
-        return self.comm.all_reduce(model.vocab * model.hidden / first.tp * job.grad_bytes, group, _hardware_numbers(first.hardware)[1])
+        return self.comm.all_reduce(model.vocab * model.hidden / tp * job.grad_bytes, group, _hardware_numbers(hardware)[1])
 
     # -- result -------------------------------------------------------------
-    def _result(
-        self,
-        job: TrainingJob,
-        stages: tuple[StageSpec, ...],
-        plan: ParallelPlan,
-        times: list[tuple[StageSpec, _StageTime]],
-        micro_batches: int,
-        slowest: float,
-        pipeline: float,
-        tail: float,
-        embedding_sync: float,
-        iteration: float,
-    ) -> Estimate:
+    def _result(self, job: TrainingJob, stages: tuple[StageSpec, ...], plan: ParallelPlan, timing: _Timing) -> Estimate:
+        times, micro_batches, slowest, pipeline = timing.times, timing.micro_batches, timing.slowest, timing.pipeline
+        embedding_sync, iteration = timing.embedding_sync, timing.iteration
         gpus = sum(s.dp * s.tp * s.count for s in stages)
         model_flops = _iteration_flops(job.model, job.global_batch, "none")
         hw_flops = _iteration_flops(job.model, job.global_batch, plan.recompute)
@@ -358,17 +443,8 @@ class Estimator:
             ("dp_exposed", max(t.dp_s for _, t in times) + embedding_sync),
             ("optimizer", max(t.optimizer_s for _, t in times)),
         )
-        memory = max(t.memory_bytes for _, t in times)
-        feasible, reason = True, ""
-        for stage, t in times:
-            available = _hardware_numbers(stage.hardware)[0].memory_gib - self.calibration.memory_reserve_gib
-            if t.memory_bytes / GIB > available:
-                feasible = False
-                reason = (
-                    f"out of memory: {t.memory_bytes / GIB:.1f} GiB per GPU needed on a {stage.hardware.gpu_type} "
-                    f"stage, {available:.1f} GiB usable"
-                )
-                break
+        memory, reason = self._fit(times)
+        feasible = not reason
         gpu_types = sorted({s.hardware.gpu_type for s in stages})
         return Estimate(
             plan=plan,
@@ -385,14 +461,31 @@ class Estimator:
             breakdown=breakdown,
         )
 
+    def _fit(self, times: list[tuple[StageSpec, _StageTime]]) -> tuple[float, str]:
+        """(peak bytes per GPU, why the first stage that does not fit fails, or "")."""
+        memory = max(t.memory_bytes for _, t in times)
+        for stage, t in times:
+            available = _hardware_numbers(stage.hardware)[0].memory_gib - self.calibration.memory_reserve_gib
+            if t.memory_bytes / GIB > available:
+                return memory, (
+                    f"out of memory: {t.memory_bytes / GIB:.1f} GiB per GPU needed on a {stage.hardware.gpu_type} "
+                    f"stage, {available:.1f} GiB usable"
+                )
+        return memory, ""
+
 
 def uniform_stages(job: TrainingJob, hardware: Hardware, plan: ParallelPlan) -> tuple[StageSpec, ...]:
     """First, middle and last stages of an even split (at most three distinct shapes)."""
-    layers = job.model.layers // plan.pp
-    make = lambda first, last, count: StageSpec(hardware, plan.tp, plan.dp, layers, first, last, count)  # noqa: E731
-    if plan.pp == 1:
+    return _uniform_stages(hardware, plan.tp, plan.dp, plan.pp, job.model.layers // plan.pp)
+
+
+@lru_cache(maxsize=1 << 16)
+def _uniform_stages(hardware: Hardware, tp: int, dp: int, pp: int, layers: int) -> tuple[StageSpec, ...]:
+    # Memoised so that the plans of a search share stage objects (cheap cache keys).
+    make = lambda first, last, count: StageSpec(hardware, tp, dp, layers, first, last, count)  # noqa: E731
+    if pp == 1:
         return (make(True, True, 1),)
-    middle = (make(False, False, plan.pp - 2),) if plan.pp > 2 else ()
+    middle = (make(False, False, pp - 2),) if pp > 2 else ()
     return (make(True, False, 1), *middle, make(False, True, 1))
 
 

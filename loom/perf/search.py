@@ -73,7 +73,8 @@ def search_plans(
 ) -> SearchResult:
     """Price every candidate plan and keep the fastest feasible ones."""
     est = estimator or default_estimator()
-    feasible: list[Estimate] = []
+    # Rank on the priced numbers; build full estimates for the plans returned only.
+    feasible: list[tuple[ParallelPlan, float, float]] = []  # plan, iteration_s, memory_gib_per_gpu
     considered = 0
     first_reason = ""
     for plan in candidate_plans(job, hardware, gpus, choices):
@@ -82,19 +83,23 @@ def search_plans(
         except PlanError:
             continue
         considered += 1
-        estimate = est.estimate(job, hardware, plan, placement)
-        if estimate.feasible:
-            feasible.append(estimate)
-        elif not first_reason or estimate.memory_gib_per_gpu < _memory_of(first_reason):
-            first_reason = estimate.reason
-    feasible.sort(key=_rank)
+        iteration_s, memory_gib, why = est.price(job, hardware, plan, placement)
+        if not why:
+            feasible.append((plan, iteration_s, memory_gib))
+        elif not first_reason or memory_gib < _memory_of(first_reason):
+            first_reason = why
+    feasible.sort(key=lambda priced: _rank(*priced))
     if not considered:
         reason = f"no valid plan for {gpus} GPUs with {_describe(choices)}"
     elif not feasible:
         reason = f"no plan fits in memory; the smallest needs: {first_reason}"
     else:
         reason = ""
-    return SearchResult(feasible[0] if feasible else None, tuple(feasible[:top]), considered, len(feasible), reason)
+    fastest = tuple(est.estimate(job, hardware, plan, placement) for plan, _, _ in feasible[:top])
+    best = None
+    if feasible:
+        best = fastest[0] if fastest else est.estimate(job, hardware, feasible[0][0], placement)
+    return SearchResult(best, fastest, considered, len(feasible), reason)
 
 
 def best_plan(job: TrainingJob, hardware: Hardware, gpus: int, **kwargs: object) -> Estimate | None:
@@ -116,14 +121,13 @@ def fill_choices(choices: Choices, plan: ParallelPlan) -> Choices:
     )
 
 
-def _rank(estimate: Estimate) -> tuple[float, int, int, int, float]:
-    plan = estimate.plan
+def _rank(plan: ParallelPlan, iteration_s: float, memory_gib_per_gpu: float) -> tuple[float, int, int, int, float]:
     return (
-        round(estimate.iteration_s, 9),
+        round(iteration_s, 9),
         plan.zero_stage,
         RECOMPUTE_MODES.index(plan.recompute),
         plan.virtual_stages,
-        estimate.memory_gib_per_gpu,
+        memory_gib_per_gpu,
     )
 
 
