@@ -200,3 +200,11 @@ def test_ray_missing_is_a_clear_error(tmp_path, trace, monkeypatch):
     assert res.exit_code == 2
     assert "pip install ray" in res.output and "Traceback" not in res.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("name, runs", [("experiment.yaml", 12), ("arena-crius.yaml", 15),
+                                        ("crius-search-depth.yaml", 8), ("alibaba-crius.yaml", 5)])
+def test_shipped_examples_are_valid(tmp_path, name, runs):
+    exp = load_experiment(Path(__file__).parent.parent / "examples" / name, out=tmp_path)
+    assert len(exp.points) == runs
+    assert all(p.valid for p in exp.points), [p.error for p in exp.points if not p.valid]

@@ -133,7 +133,8 @@ class Crius:
     def cells_of(self, job: Job) -> JobCells:
         assert self._book is not None, "schedule() builds the Cell book first"
         cells = self._book.of(job)
-        self.profiling_delay_s[job.job_id] = cells.delay_s
+        if job.job_id not in self.profiling_delay_s:
+            self.profiling_delay_s[job.job_id] = cells.delay_s
         return cells
 
     def value(self, job: Job, gpu_type: str, gpus: int) -> float:

@@ -148,7 +148,7 @@ def solve_allocation(thr: np.ndarray, gpus: np.ndarray, capacity: np.ndarray,
     idx = np.flatnonzero(live)
     # identical jobs (same throughputs, GPUs and normaliser) form one class: the LP is symmetric
     # in them, so it has an optimum giving them the same X; solving per class finds that one
-    classes, member, count = np.unique(np.column_stack([thr[idx], gpus[idx], ref[idx]]), axis=0,
+    _, member, count = np.unique(np.column_stack([thr[idx], gpus[idx], ref[idx]]), axis=0,
                                        return_inverse=True, return_counts=True)
     member = member.ravel()
     first = idx[np.unique(member, return_index=True)[1]]  # a representative job per class
