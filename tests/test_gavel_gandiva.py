@@ -10,6 +10,7 @@ from loom.core.protocols import PLACERS, POLICIES
 from loom.errors import LoomInputError
 from loom.hardware.clusters import CLUSTERS
 from loom.hardware.topology import NodeDef, Tier, Topology
+from loom.policies import gavel as gavel_module
 from loom.policies.gandiva import Gandiva
 from loom.policies.gavel import Gavel, equal_share, solve_allocation
 from loom.sim.engine import Simulation
@@ -127,6 +128,39 @@ def test_identical_jobs_share_alike_at_the_per_job_optimum():
     assert fair == pytest.approx(((y * perturbed).sum(axis=1) / equal_share(perturbed, gpus, capacity)).min(),
                                  rel=1e-5)
     assert ((x * gpus[:, None]).sum(axis=0) <= capacity + 1e-6).all()
+
+
+def test_unique_rows_matches_numpy():
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        base = rng.choice([0.0, 0.5, 1.0, 2.0, float(rng.uniform(0, 3))], size=(int(rng.integers(1, 8)), 4))
+        a = base[rng.integers(0, len(base), int(rng.integers(1, 50)))]
+        rows, member, count = np.unique(a, axis=0, return_inverse=True, return_counts=True)
+        mine = gavel_module._unique_rows(a)
+        assert all(np.array_equal(p, q) for p, q in zip(mine, (rows, member.ravel(), count)))
+
+
+@pytest.mark.parametrize("objective", ["max-sum-throughput", "max-min-fairness"])
+def test_direct_highs_matches_linprog_and_ignores_job_order(objective, monkeypatch):
+    # the LP goes to scipy's HiGHS binding directly; it must give exactly linprog's answer,
+    # whatever the order of the jobs (classes are ordered by content), and reuse it when memoised
+    rng = np.random.default_rng(11)
+    cases = []
+    for _ in range(40):
+        n, types = int(rng.integers(1, 60)), int(rng.integers(1, 5))
+        base = rng.uniform(0.1, 5.0, size=(int(rng.integers(1, 12)), types))
+        thr = base[rng.integers(0, len(base), n)]
+        thr[rng.random(thr.shape) < 0.1] = 0.0
+        cases.append((thr, rng.choice([1, 2, 4, 8, 16], size=n).astype(float),
+                      rng.choice([8.0, 16.0, 32.0], size=types), rng.permutation(n)))
+    direct = [solve_allocation(thr, gpus, cap, objective) for thr, gpus, cap, _ in cases]
+    memo: dict = {}
+    for (thr, gpus, cap, perm), x in zip(cases, direct):
+        assert np.array_equal(solve_allocation(thr[perm], gpus[perm], cap, objective, memo=memo), x[perm])
+        assert np.array_equal(solve_allocation(thr, gpus, cap, objective, memo=memo), x)  # memoised
+    monkeypatch.setattr(gavel_module, "_HIGHS", None)  # the linprog path
+    for (thr, gpus, cap, _), x in zip(cases, direct):
+        assert np.array_equal(solve_allocation(thr, gpus, cap, objective), x)
 
 
 # ------------------------------------------------------------------ Gavel in the simulator

@@ -20,13 +20,15 @@ def masked_free(state: ClusterState, allowed: np.ndarray | None) -> np.ndarray:
     return state.free if allowed is None else np.where(allowed, state.free, 0)
 
 
-def type_groups(state: ClusterState, free: np.ndarray) -> Iterator[np.ndarray]:
-    """`free` restricted to one GPU type at a time (once if the cluster is homogeneous)."""
+def type_groups(state: ClusterState, free: np.ndarray, gpus: int = 0) -> Iterator[np.ndarray]:
+    """`free` restricted to one GPU type at a time (once if the cluster is homogeneous),
+    skipping types with fewer than `gpus` free GPUs (nothing could be placed there)."""
     topo = state.topology
     if topo.homogeneous:
         yield free
         return
-    for tid in range(len(topo.gpu_types)):
+    per_type = np.bincount(topo.node_type, weights=free, minlength=len(topo.gpu_types))
+    for tid in np.flatnonzero(per_type >= gpus).tolist():
         yield np.where(topo.node_type == tid, free, 0)
 
 
@@ -71,9 +73,10 @@ def fewest_nodes_then_remainder(free: np.ndarray, gpus: int) -> Allocation | Non
 def best_over_types(
     state: ClusterState, free: np.ndarray, gpus: int, place_one: Callable[[np.ndarray], Allocation | None]
 ) -> Allocation | None:
-    """Run `place_one` per GPU type; keep the allocation on the fewest nodes."""
+    """Run `place_one` per GPU type that has `gpus` free (every placer fails, without side
+    effects, on a type with fewer); keep the allocation on the fewest nodes."""
     best: Allocation | None = None
-    for group_free in type_groups(state, free):
+    for group_free in type_groups(state, free, gpus):
         alloc = place_one(group_free)
         if alloc is not None and (best is None or len(alloc.nodes) < len(best.nodes)):
             best = alloc

@@ -35,10 +35,14 @@ Rules as built here
   Best-effort jobs that get no share are preempted (progress kept).
 * Follow-up rounds at the same instant with the same jobs decide nothing
   (every change is made in one round).
-* Caching (decisions unchanged): a job's normalised throughput at each size is
-  a pure function of its spec, type and size, so it is memoised per job (with
-  its ladder of candidate sizes per pool capacity) instead of re-derived on
-  every call; entries of finished jobs are dropped.
+* Caching and fast routes (decisions unchanged): a job's normalised throughput
+  at each size is a pure function of its spec, type and size, so it is memoised
+  per job, with its ladder of candidate sizes per pool capacity (gains per GPU
+  and where each climb stops precomputed); entries of finished jobs are dropped.
+  A pool's ladders, its leftover filling and the sorted steps of that filling
+  are kept from the last round and reused while their inputs repeat, and the
+  filling skips the step-by-step heap when every job's climb fits or by
+  scanning the steps in the heap's order (see `ElasticFlow._fill`).
 
 Parameters: `pause_s` (≥ 0, default 30 s), `max_scale` (integer ≥ 1, default
 4), `margin` (in [0, 1), default 0.05: share of the time to the deadline kept
@@ -47,10 +51,10 @@ as slack), `on_miss` ("best-effort" or "hold").
 
 from __future__ import annotations
 
-import heapq
-from bisect import bisect_right
 import math
+from bisect import bisect_right
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -69,6 +73,66 @@ FIELD = "policy.params"
 ON_MISS = ("best-effort", "hold")
 
 Target = tuple[str | None, int]  # (GPU type or None = any, GPU count)
+GAIN_EPS = 1e-12  # smallest gain per GPU worth a step
+
+
+class Ladder:
+    """A job's candidate sizes in a pool, `_norm` at each, and what the filling reads of them:
+    gains[at], the gain per GPU of the step up to sizes[at] (from sizes[at-1], or from 0);
+    ends[at], the index after the last step a climb taking step `at` goes on to take (it
+    stops before the first later gain ≤ GAIN_EPS, or NaN, as the heap does)."""
+
+    __slots__ = ("climbs", "ends", "gains", "norms", "sizes")
+
+    def __init__(self, sizes: list[int], norms: list[float]) -> None:
+        self.sizes, self.norms = sizes, norms
+        gains: list[float] = []
+        below, last = 0, 0.0  # `_norm` is 0 at 0 GPUs
+        for g, n in zip(sizes, norms):
+            gains.append((n - last) / (g - below))
+            below, last = g, n
+        count = len(sizes)
+        ends = [count] * count
+        end = count
+        for at in range(count - 1, -1, -1):
+            ends[at] = end
+            if not gains[at] > GAIN_EPS:
+                end = at
+        self.gains, self.ends = gains, ends
+        self.climbs: dict[int, Climb] = {}
+
+    def climb(self, at: int) -> Climb:
+        """`climb_steps` from the size below sizes[at] (or 0), memoised."""
+        steps = self.climbs.get(at)
+        if steps is None:
+            steps = self.climbs[at] = climb_steps(self, self.sizes[at - 1] if at else 0, at, self.gains[at])
+        return steps
+
+
+# A climb's steps: (−effective gain, step index, GPUs added, GPUs before) per step.
+Climb = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
+
+def climb_steps(ladder: Ladder, cur: int, at: int, gain: float) -> Climb:
+    """The steps of a climb from `cur` GPUs whose first step (to sizes[at]) gains `gain` per
+    GPU; a step's effective gain is the least gain of the climb up to it."""
+    steps, gains = ladder.sizes, ladder.gains
+    negs, indices, sizes, belows = [], [], [], []
+    prev, least = cur, gain
+    for k in range(at, ladder.ends[at]):
+        if k > at:
+            least = min(least, gains[k])
+        negs.append(-least)
+        indices.append(k)
+        sizes.append(steps[k] - prev)
+        belows.append(prev)
+        prev = steps[k]
+    return (np.array(negs, dtype=np.float64), np.array(indices, dtype=np.int64),
+            np.array(sizes, dtype=np.int64), np.array(belows, dtype=np.int64))
+
+
+# (job, share so far, index of its next step, its ladder, gain per GPU of that step)
+Start = tuple[Job, int, int, Ladder, float]
 
 
 # ----------------------------------------------------------------- shared helpers (also used by Sia)
@@ -87,7 +151,18 @@ def check_number(value: Any, name: str, low: float | None = None, high: float | 
 
 
 def type_of(topology: Topology, alloc: Allocation) -> str:
-    return topology.gpu_types[int(topology.node_type[alloc.nodes[0]])]
+    return node_types(topology)[alloc.nodes[0]]
+
+
+_node_types: tuple[Topology | None, list[str]] = (None, [])  # the last topology asked about
+
+
+def node_types(topology: Topology) -> list[str]:
+    """The GPU type of each node (kept for the last topology: topologies are immutable)."""
+    global _node_types
+    if _node_types[0] is not topology:
+        _node_types = (topology, [topology.gpu_types[t] for t in topology.node_type.tolist()])
+    return _node_types[1]
 
 
 def healthy_capacity(state: ClusterState, gpu_type: str | None) -> int:
@@ -96,6 +171,16 @@ def healthy_capacity(state: ClusterState, gpu_type: str | None) -> int:
     if gpu_type is not None:
         ok = ok & (topo.node_type == topo.type_id(gpu_type))
     return int(topo.node_gpus[ok].sum())
+
+
+def healthy_capacities(state: ClusterState) -> dict[str | None, int]:
+    """`healthy_capacity` of every GPU type of the cluster and of None (the whole cluster)."""
+    topo = state.topology
+    gpus = np.where(state.failed, 0, topo.node_gpus)
+    per_type = np.bincount(topo.node_type, weights=gpus, minlength=len(topo.gpu_types)).tolist()
+    capacities: dict[str | None, int] = {t: int(per_type[i]) for i, t in enumerate(topo.gpu_types)}
+    capacities[None] = int(gpus.sum())
+    return capacities
 
 
 def power_sizes(request: int, low: int, high: int) -> list[int]:
@@ -135,6 +220,7 @@ def apply_targets(plan: RoundPlan, targets: dict[str, Target], pause_s: float,
     (largest first). A running job whose new size cannot be placed keeps its GPUs."""
     ctx = plan.ctx
     topo = ctx.topology
+    types = node_types(topo)
     changes: list[tuple[Job, str | None, int]] = []
     for job in list(ctx.running.values()):
         want = targets.get(job.job_id)
@@ -144,7 +230,7 @@ def apply_targets(plan: RoundPlan, targets: dict[str, Target], pause_s: float,
         gpu_type, gpus = want
         alloc = job.allocation
         assert alloc is not None
-        if gpus == alloc.total and (gpu_type is None or gpu_type == type_of(topo, alloc)):
+        if gpus == alloc.total and (gpu_type is None or gpu_type == types[alloc.nodes[0]]):
             continue
         changes.append((job, gpu_type, gpus))
     changes.sort(key=lambda c: (c[2] - c[0].allocation.total, c[0].key))  # type: ignore[union-attr]
@@ -197,8 +283,13 @@ class ElasticFlow:
         self.dropped: dict[str, str] = {}  # job id → reason
         self._tp: Throughputs | None = None
         self._norms: dict[tuple[str, str | None, int], float] = {}  # (job, type, GPUs) → `_norm`
-        self._ladders: dict[tuple[str, str | None, int], tuple[list[int], list[float]]] = {}
+        self._ladders: dict[tuple[str, str | None, int], Ladder] = {}
         self._last: tuple | None = None
+        self._timed = 0  # `_time_at` calls so far (tells whether a filling read the clock)
+        # pool → (inputs, share changes) of its last filling (see `_fill`)
+        self._fills: dict[str | None, tuple[tuple, list[tuple[str, int]]]] = {}
+        self._orders: dict[str | None, tuple] = {}  # pool → its last sorted steps (see `_fill_sorted`)
+        self._pool_ladders: dict[str | None, tuple] = {}  # pool → (capacity, member ids, ladders, sizes)
 
     # -- beliefs ---------------------------------------------------------------
     def _norm(self, job: Job, gpu_type: str | None, gpus: int) -> float:
@@ -216,31 +307,183 @@ class ElasticFlow:
             self._norms[key] = value
         return value
 
-    def _ladder(self, job: Job, gpu_type: str | None, capacity: int) -> tuple[list[int], list[float]]:
+    def _ladder(self, job: Job, gpu_type: str | None, capacity: int) -> Ladder:
         """The job's candidate sizes in a pool of `capacity` GPUs and `_norm` at each (memoised)."""
         high = min(capacity, job.spec.gpus * self.max_scale)
         key = (job.job_id, gpu_type, high)
         ladder = self._ladders.get(key)
         if ladder is None:
             sizes = power_sizes(job.spec.gpus, 1, high)
-            ladder = self._ladders[key] = (sizes, [self._norm(job, gpu_type, g) for g in sizes])
+            ladder = self._ladders[key] = Ladder(sizes, [self._norm(job, gpu_type, g) for g in sizes])
         return ladder
 
     def _time_at(self, ctx: SchedulingContext, job: Job, gpu_type: str | None, gpus: int) -> float:
+        self._timed += 1
         rate = self._norm(job, gpu_type, gpus)
         if rate <= 0:
             return math.inf
         pause = 0.0 if job.allocation is not None and job.allocation.total == gpus else self.pause_s
         return pause + job.remaining_at(ctx.now) / rate
 
-    def _min_share(self, ctx: SchedulingContext, job: Job, gpu_type: str | None, sizes: list[int]) -> int | None:
+    def _min_share(self, ctx: SchedulingContext, job: Job, ladder: Ladder) -> int | None:
+        """The smallest size of the ladder whose `_time_at` meets the deadline (less the margin)."""
         deadline = job.spec.deadline
         assert deadline is not None
         budget = (deadline - ctx.now) * (1.0 - self.margin)
-        for g in sizes:
-            if self._time_at(ctx, job, gpu_type, g) <= budget:
+        remaining = job.remaining_at(ctx.now)
+        running = None if job.allocation is None else job.allocation.total
+        for g, rate in zip(ladder.sizes, ladder.norms):  # `_time_at`, inlined
+            if (math.inf if rate <= 0 else (0.0 if g == running else self.pause_s) + remaining / rate) <= budget:
                 return g
         return None
+
+    def _pays(self, ctx: SchedulingContext, job: Job, pool: str | None, nxt: int, running: int) -> bool:
+        """Whether growing a running job past its size to `nxt` GPUs pays for its pause."""
+        return not self._time_at(ctx, job, pool, nxt) >= self._time_at(ctx, job, pool, running)
+
+    # -- leftover GPUs -------------------------------------------------------------
+    def _fill(self, ctx: SchedulingContext, pool: str | None, capacity: int, members: list[Job], ids: list[str],
+              ladders: dict[str, Ladder], share: dict[str, int], free: int) -> None:
+        """Hand out `free` GPUs of a pool one ladder step at a time, updating `share`.
+
+        The rule: a heap holds each job's next step as (−gain per GPU, job key, job id, step
+        index); pop the best, take it and push the job's following step (if its gain is
+        > GAIN_EPS), until the heap is empty or no GPU is left. A step that does not fit
+        drops the job from the filling (a smaller job's step may fit); so does a growth of a
+        running job past its size that would not pay for its pause. The routes below give
+        the same shares faster (tests check them against the heap).
+
+        * Memo: the outcome is a function of the pool's capacity (the ladders), `free`,
+          each member's (id, share so far) and the pause checks, whose conditions read the
+          running sizes and whose outcomes the clock and progress. A pool's last outcome is
+          kept when no pause check was made, with each member's reach (the largest size it
+          was considered for growing from; −1: none), and reused when the inputs repeat and
+          every running member's size is still above its reach (so again no check is made
+          and every step goes the same way).
+        * Room for all (`_climb_all`): a job's climb — the steps it takes if every step
+          fits — does not depend on the other jobs, so when all climbs fit in `free`
+          together, every job ends where its climb ends, whatever the order.
+        * Otherwise (`_fill_sorted`), a scan of all climb steps sorted by (−effective gain,
+          key, step index), skipping dropped jobs, where a step's effective gain is the least
+          gain of its climb so far. A pushed step whose gain is at most the effective gain of
+          the step just popped ranks after it, so the heap pops steps in sorted order; one
+          whose gain is higher ranks before every entry left and is popped next, just where
+          the effective gain puts it."""
+        inputs = (capacity, free, ids, [share.get(jid, 0) for jid in ids] if share else None)
+        last = self._fills.get(pool)
+        if last is not None and last[0] == inputs and all(
+                job.allocation is None or job.allocation.total > reach for job, reach in zip(members, last[2])):
+            share.update(last[1])
+            return
+        before = dict(share)
+        timed = self._timed
+        starts: list[Start] = []
+        demand = 0  # the GPUs all climbs would take (pause checks aside)
+        for job in members:
+            jid = job.job_id
+            ladder = ladders[jid]
+            steps = ladder.sizes
+            cur = share.get(jid, 0)
+            at = bisect_right(steps, cur)  # steps[at] is the next size up
+            if at == len(steps):
+                continue
+            if (steps[at - 1] == cur) if at else (cur == 0):
+                gain = ladder.gains[at]
+            else:
+                gain = (ladder.norms[at] - self._norm(job, pool, cur)) / (steps[at] - cur)
+            if not gain > GAIN_EPS:
+                continue
+            starts.append((job, cur, at, ladder, gain))
+            demand += steps[ladder.ends[at] - 1] - cur
+        if demand <= free:
+            reach = self._climb_all(ctx, pool, starts, share)
+        else:
+            reach = self._fill_sorted(ctx, pool, capacity, starts, share, free)
+        if self._timed == timed:
+            self._fills[pool] = (inputs, [(jid, g) for jid, g in share.items() if before.get(jid) != g],
+                                 [reach.get(jid, -1) for jid in ids])
+        else:
+            self._fills.pop(pool, None)
+
+    def _climb_all(self, ctx: SchedulingContext, pool: str | None, starts: list[Start],
+                   share: dict[str, int]) -> dict[str, int]:
+        """Every job climbs as far as its gains (and pause checks) let it: there is room.
+        Returns each job's reach (see `_fill`) when no pause check was made."""
+        reach: dict[str, int] = {}
+        for job, cur, at, ladder, _ in starts:
+            steps = ladder.sizes
+            end = ladder.ends[at]  # the climb takes steps at .. end-1 unless a pause check stops it
+            alloc = job.allocation
+            below = reach[job.job_id] = steps[end - 2] if end - 2 >= at else cur  # its last step's start
+            if alloc is not None and below >= alloc.total:
+                running = alloc.total
+                top, k = cur, at
+                while k < end and (top < running or self._pays(ctx, job, pool, steps[k], running)):
+                    top = steps[k]
+                    k += 1
+            else:
+                top = steps[end - 1]
+            share[job.job_id] = top
+        return reach
+
+    def _fill_sorted(self, ctx: SchedulingContext, pool: str | None, capacity: int, starts: list[Start],
+                     share: dict[str, int], free: int) -> dict[str, int]:
+        """The heap's filling (see `_fill`) as a scan of all climb steps in heap order.
+        Returns each job's reach (see `_fill`) when no pause check was made."""
+        key = (capacity, [(s[0].job_id, s[1]) for s in starts])
+        order = self._orders.get(pool)
+        if order is None or order[0] != key:
+            parts = [ladder.climb(at) if ((ladder.sizes[at - 1] == cur) if at else (cur == 0))
+                     else climb_steps(ladder, cur, at, gain) for _, cur, at, ladder, gain in starts]
+            lengths = [len(part[0]) for part in parts]
+            rank = np.repeat(np.array([s[0].key for s in starts], dtype=np.int64), lengths)
+            who = np.repeat(np.arange(len(starts), dtype=np.int64), lengths)
+            neg, index, size, below = (np.concatenate([part[c] for part in parts]) for c in range(4))
+            sort = np.lexsort((index, rank, neg))  # heap order: (−effective gain, key, step index)
+            size = size[sort]
+            order = (key, who[sort], index[sort], size, below[sort], np.cumsum(size))
+            self._orders[pool] = order
+        _, who, index, size, below, taken = order
+        # Up to the first step that does not fit or needs a pause check, every step is taken.
+        fit = int(np.searchsorted(taken, free, side="right"))
+        running = np.array([math.inf if s[0].allocation is None else s[0].allocation.total for s in starts])
+        checks = np.flatnonzero(below[:fit] >= running[who[:fit]])
+        done = int(checks[0]) if len(checks) else fit
+        reach = [-1] * len(starts)
+        if done:
+            free -= int(taken[done - 1])
+            counts = np.bincount(who[:done], minlength=len(starts)).tolist()
+            for j, ((job, cur, at, ladder, _), n) in enumerate(zip(starts, counts)):
+                if n:
+                    share[job.job_id] = ladder.sizes[at + n - 1]
+                    reach[j] = ladder.sizes[at + n - 2] if n > 1 else cur  # its last step's start
+        if done < len(who) and free > 0:
+            self._scan(ctx, pool, starts, share, free, order, done, reach)
+        return {start[0].job_id: r for start, r in zip(starts, reach)}
+
+    def _scan(self, ctx: SchedulingContext, pool: str | None, starts: list[Start], share: dict[str, int],
+              free: int, order: tuple, done: int, reach: list[int]) -> None:
+        """The heap's filling from sorted step `done` on, one step at a time."""
+        _, who, index, size, below, _ = order
+        dropped = [False] * len(starts)
+        for j, k, step, cur in zip(who[done:].tolist(), index[done:].tolist(), size[done:].tolist(),
+                                   below[done:].tolist()):
+            if dropped[j]:
+                continue
+            if free <= 0:
+                break
+            if step > free:
+                dropped[j] = True  # this step does not fit; a smaller job's may
+                continue
+            job, _, _, ladder, _ = starts[j]
+            alloc = job.allocation
+            nxt = ladder.sizes[k]
+            reach[j] = cur
+            if alloc is not None and cur >= alloc.total and not self._pays(ctx, job, pool, nxt, alloc.total):
+                dropped[j] = True  # growing would not pay for its pause
+                continue
+            share[job.job_id] = nxt
+            free -= step
 
     # -- the round ---------------------------------------------------------------
     def schedule(self, ctx: SchedulingContext) -> list[Decision]:
@@ -254,46 +497,63 @@ class ElasticFlow:
             self._tp = Throughputs(ctx.topology)
             self._norms.clear()
             self._ladders.clear()
+            self._fills.clear()
+            self._orders.clear()
+            self._pool_ladders.clear()
         if len(self._norms) > 64 * (len(ctx.pending) + len(ctx.running)) + 4096:  # forget finished jobs
             live = ctx.pending.keys() | ctx.running.keys()
             self._norms = {k: v for k, v in self._norms.items() if k[0] in live}
             self._ladders = {k: v for k, v in self._ladders.items() if k[0] in live}
         state = ctx.state
         jobs = [*ctx.running.values(), *ctx.pending.values()]
-        jobs.sort(key=lambda j: j.key)
+        jobs.sort(key=attrgetter("key"))
         pools: dict[str | None, list[Job]] = {}
+        with_deadline: dict[str | None, list[Job]] = {}  # the members with a deadline, in order
         kind: dict[str, str | None] = {}
+        hold = self.on_miss == "hold"
         for job in jobs:
-            if self.on_miss == "hold" and job.job_id in self.dropped:
+            if hold and job.job_id in self.dropped:
                 continue
-            kind[job.job_id] = job.spec.gpu_type
-            pools.setdefault(job.spec.gpu_type, []).append(job)
+            spec = job.spec
+            kind[job.job_id] = spec.gpu_type
+            pools.setdefault(spec.gpu_type, []).append(job)
+            if spec.deadline is not None:
+                with_deadline.setdefault(spec.gpu_type, []).append(job)
+        capacities = healthy_capacities(state)
         targets: dict[str, Target] = {}
         notes: dict[str, str] = {}
         for pool, members in pools.items():
-            capacity = healthy_capacity(state, pool)
-            ladders = {j.job_id: self._ladder(j, pool, capacity) for j in members}
-            sizes = {jid: ladder[0] for jid, ladder in ladders.items()}
+            capacity = capacities.get(pool, 0)
+            ids = [j.job_id for j in members]
+            known = self._pool_ladders.get(pool)
+            if known is not None and known[0] == capacity and known[1] == ids:
+                ladders, sizes = known[2], known[3]
+            else:
+                ladders = {j.job_id: self._ladder(j, pool, capacity) for j in members}
+                sizes = {jid: ladder.sizes for jid, ladder in ladders.items()}
+                self._pool_ladders[pool] = (capacity, ids, ladders, sizes)
             share: dict[str, int] = {}
+            deadlined = with_deadline.get(pool, [])  # (only jobs with a deadline are ever admitted)
             # admitted jobs: minimum satisfactory share, earliest deadline first
-            admitted = sorted((j for j in members if j.job_id in self.admitted),
+            admitted = sorted((j for j in deadlined if j.job_id in self.admitted),
                               key=lambda j: (self.admitted[j.job_id], j.key))
             committed = 0
             for job in admitted:
-                need = self._min_share(ctx, job, pool, sizes[job.job_id])
+                need = self._min_share(ctx, job, ladders[job.job_id])
+                steps = sizes[job.job_id]
                 if need is None:  # behind schedule: as much as it can use
-                    need = sizes[job.job_id][-1] if sizes[job.job_id] else 0
+                    need = steps[-1] if steps else 0
                     notes[job.job_id] = "admitted, now behind its deadline"
-                fit = [g for g in sizes[job.job_id] if g <= min(need, capacity - committed)]
+                fit = bisect_right(steps, min(need, capacity - committed))  # steps[fit - 1]: the largest that fits
                 if fit:
-                    share[job.job_id] = fit[-1]
-                    committed += fit[-1]
+                    share[job.job_id] = steps[fit - 1]
+                    committed += steps[fit - 1]
             # admission control for newcomers with a deadline
-            for job in members:
+            for job in deadlined:
                 jid = job.job_id
-                if job.spec.deadline is None or jid in self.admitted or jid in self.dropped:
+                if jid in self.admitted or jid in self.dropped:
                     continue
-                need = self._min_share(ctx, job, pool, sizes[jid])
+                need = self._min_share(ctx, job, ladders[jid])
                 if need is None:
                     self.dropped[jid] = (f"deadline cannot be met: even {sizes[jid][-1] if sizes[jid] else 0} "
                                          f"{pool or 'any'} GPUs would finish after {job.spec.deadline:.0f}")
@@ -309,41 +569,9 @@ class ElasticFlow:
                 if self.on_miss == "hold":
                     members = [m for m in members if m.job_id != jid]
             # leftover GPUs: highest marginal normalised throughput per GPU, power-of-two steps.
-            # Heap entries are (−gain, key, job, index of the next step in the job's ladder).
-            free = capacity - committed
-            heap: list[tuple[float, int, str, int]] = []
-            by_id = {j.job_id: j for j in members}
-            for job in members:
-                jid = job.job_id
-                steps, norms = ladders[jid]
-                cur = share.get(jid, 0)
-                at = bisect_right(steps, cur)  # steps[at] is the next size up
-                if at == len(steps):
-                    continue
-                now_norm = norms[at - 1] if at and steps[at - 1] == cur else self._norm(job, pool, cur)
-                gain = (norms[at] - now_norm) / (steps[at] - cur)
-                if gain > 1e-12:
-                    heap.append((-gain, job.key, jid, at))
-            heapq.heapify(heap)
-            while heap and free > 0:
-                _, key, jid, at = heapq.heappop(heap)
-                steps, norms = ladders[jid]
-                nxt = steps[at]
-                cur = share.get(jid, 0)
-                if nxt - cur > free:
-                    continue  # this step does not fit; a smaller job's may
-                job = by_id[jid]
-                if job.allocation is not None:
-                    running = job.allocation.total
-                    if cur >= running and self._time_at(ctx, job, pool, nxt) >= self._time_at(ctx, job, pool, running):
-                        continue  # growing would not pay for its pause
-                share[jid] = nxt
-                free -= nxt - cur
-                at += 1
-                if at < len(steps):
-                    gain = (norms[at] - norms[at - 1]) / (steps[at] - nxt)
-                    if gain > 1e-12:
-                        heapq.heappush(heap, (-gain, key, jid, at))
+            if len(ids) != len(members):  # a newcomer was dropped and is held
+                ids = [j.job_id for j in members]
+            self._fill(ctx, pool, capacity, members, ids, ladders, share, capacity - committed)
             for jid, g in share.items():
                 if g > 0:
                     targets[jid] = (kind[jid], g)

@@ -33,20 +33,25 @@ Objectives (`objective`):
   the same normalised throughputs, so capacity the bottleneck jobs cannot use
   is not left idle (Gavel's water-filling, in one step).
 
-Both are solved with `scipy.optimize.linprog` (HiGHS) — `solve_allocation`.
-Identical jobs (same throughput row, GPU count and normaliser) are solved as
-one class: the LP is symmetric in them, so an optimum giving them equal X
-exists, and solving per class (capacity rows weighted by the class size)
-finds it with a far smaller, less degenerate LP. The optimal objective is
-the same; among several optima the symmetric one is returned.
+Both are solved with HiGHS as `scipy.optimize.linprog(method="highs")` runs it
+(`solve_allocation`; `_lp` calls scipy's bundled HiGHS binding directly, with
+linprog's options and acceptance test, skipping only linprog's per-call
+validation, so the solution is bit-identical; without that binding it calls
+linprog). Identical jobs (same throughput row, GPU count and normaliser) are
+solved as one class: the LP is symmetric in them, so an optimum giving them
+equal X exists, and solving per class (capacity rows weighted by the class
+size) finds it with a far smaller, less degenerate LP. The optimal objective
+is the same; among several optima the symmetric one is returned.
 
-Caching (none changes a decision): a job's throughput row is computed once
-(its spec and GPU count never change under Gavel); the LP is solved with the
-jobs in a canonical order (by id) and its last solution is reused while the
-job set and the per-type capacities are unchanged (its inputs are then
-identical), e.g. at a round right after a between-rounds call or in a
-follow-up call at the same instant; placement is not attempted on a type
-with fewer free GPUs than the job needs (no placer could succeed there).
+Caching (none changes a decision): a job's throughput row, normaliser, GPU
+count and submit time are kept per job (`Job.key`; its spec and GPU count never
+change under Gavel); classes are ordered by content, so the LP does not depend
+on the order of the jobs, and its last solution is reused while the classes,
+class sizes and per-type capacities are unchanged (the LP is then identical);
+a between-rounds call in which no waiting job fits the free GPUs of any of its
+types skips the LP (it could start nothing; `last_allocation` solves it on
+demand); placement is not attempted on a type with fewer free GPUs than the
+job needs (no placer could succeed there).
 
 Rounds
 ------
@@ -80,11 +85,12 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from scipy.optimize import linprog
-from scipy.sparse import csr_matrix
+from scipy.sparse import csc_matrix
 
 from loom.core.context import SchedulingContext
 from loom.core.decisions import Decision, Migrate, Preempt, Resume, Start, Timer
@@ -119,13 +125,95 @@ def equal_share(thr: np.ndarray, gpus: np.ndarray, capacity: np.ndarray) -> np.n
     return share * (weights * thr).sum(axis=1)
 
 
+def _feasible(x: np.ndarray, upper: np.ndarray, slack: np.ndarray) -> bool:
+    """linprog's acceptance test of an optimal HiGHS answer (`scipy.optimize._linprog_util._check_result`)."""
+    tol = math.sqrt(1e-9) * 10
+    return not (np.isnan(x).any() or np.isnan(slack).any()) and bool(
+        ((x >= -tol) & (x <= upper + tol)).all() and (slack >= -tol).all())
+
+
+def _lp(start: np.ndarray, index: np.ndarray, value: np.ndarray, rows: int
+        ) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray | None]:
+    """A solver of min c·x s.t. A·x ≤ rhs, 0 ≤ x ≤ upper for a fixed A (CSC: start, index, value)
+    with `rows` rows, as `linprog(method="highs")` solves it: `solve(c, rhs, upper)` gives x, or
+    None where linprog's status would not be 0.
+
+    It runs the same HiGHS (scipy's bundled binding) with linprog's options on the same
+    arrays, minus linprog's per-call validation and result packaging, so x is identical
+    (`tests/test_gavel_gandiva.py` checks it); without that binding it calls linprog."""
+    cols = len(start) - 1
+    if _HIGHS is None:
+        a_ub = csc_matrix((value, index, start), shape=(rows, cols))
+
+        def by_linprog(c: np.ndarray, rhs: np.ndarray, upper: np.ndarray) -> np.ndarray | None:
+            res = linprog(c, A_ub=a_ub, b_ub=rhs, bounds=np.column_stack([np.zeros(cols), upper]), method="highs")
+            return res.x if res.status == 0 else None
+        return by_linprog
+    h = _HIGHS
+    lp = h.HighsLp()
+    lp.num_col_ = lp.a_matrix_.num_col_ = cols
+    lp.num_row_ = lp.a_matrix_.num_row_ = rows
+    lp.a_matrix_.format_ = h.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = start.tolist()
+    lp.a_matrix_.index_ = index.tolist()
+    lp.a_matrix_.value_ = value
+    lp.col_lower_ = np.zeros(cols)
+    lp.row_lower_ = np.full(rows, -h.kHighsInf)
+
+    def solve(c: np.ndarray, rhs: np.ndarray, upper: np.ndarray) -> np.ndarray | None:
+        lp.col_cost_ = c
+        lp.col_upper_ = np.where(np.isinf(upper), h.kHighsInf, upper)
+        lp.row_upper_ = rhs
+        solver = h._Highs()
+        if solver.passOptions(_HIGHS_OPTIONS) == h.HighsStatus.kError or solver.passModel(lp) == h.HighsStatus.kError \
+                or solver.run() == h.HighsStatus.kError or solver.getModelStatus() != h.HighsModelStatus.kOptimal:
+            return None
+        sol = solver.getSolution()
+        x = np.array(sol.col_value)
+        return x if _feasible(x, upper, rhs - np.array(sol.row_value)) else None
+    return solve
+
+
+def _highs_options() -> Any:
+    options = _HIGHS.HighsOptions()  # type: ignore[union-attr]
+    # what linprog(method="highs") sets (its other options are left at HiGHS's defaults)
+    options.presolve = "on"
+    options.log_to_console = False
+    options.output_flag = False
+    options.highs_debug_level = 0
+    options.simplex_strategy = 1  # dual simplex
+    return options
+
+
+try:  # scipy's own HiGHS binding, the one linprog(method="highs") runs
+    from scipy.optimize._highspy import _core as _HIGHS  # type: ignore[import-not-found]
+    _HIGHS_OPTIONS = _highs_options()
+except (ImportError, AttributeError, TypeError, ValueError):  # pragma: no cover - another scipy: use linprog
+    _HIGHS = None
+
+
+def _unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`np.unique(a, axis=0, return_inverse=True, return_counts=True)` (rows sorted lexicographically)
+    for a float matrix without NaNs, faster."""
+    order = np.lexsort(a.T[::-1])
+    s = a[order]
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = (s[1:] != s[:-1]).any(axis=1)
+    member = np.empty(len(a), dtype=np.intp)
+    member[order] = np.cumsum(new) - 1
+    return s[new], member, np.diff(np.append(np.flatnonzero(new), len(s)))
+
+
 def solve_allocation(thr: np.ndarray, gpus: np.ndarray, capacity: np.ndarray,
-                     objective: str = "max-min-fairness", reference: np.ndarray | None = None) -> np.ndarray:
+                     objective: str = "max-min-fairness", reference: np.ndarray | None = None,
+                     memo: dict | None = None) -> np.ndarray:
     """Gavel's LP: X[j, t] (time fractions), as documented in the module.
 
     `thr` is n × T (0 = cannot run there), `gpus` the n requested GPU counts,
     `capacity` the T GPU counts per type; `reference` (max-sum only) the
-    per-job normaliser, by default each job's best throughput.
+    per-job normaliser, by default each job's best throughput. `memo` (a dict the
+    caller keeps) remembers the last per-class LP and its solution: an identical LP
+    (same classes, class sizes, capacities) is not solved again.
     """
     if objective not in OBJECTIVES:
         raise LoomInputError(f"unknown objective {objective!r} (known: {', '.join(OBJECTIVES)})",
@@ -147,53 +235,68 @@ def solve_allocation(thr: np.ndarray, gpus: np.ndarray, capacity: np.ndarray,
         return out
     idx = np.flatnonzero(live)
     # identical jobs (same throughputs, GPUs and normaliser) form one class: the LP is symmetric
-    # in them, so it has an optimum giving them the same X; solving per class finds that one
-    _, member, count = np.unique(np.column_stack([thr[idx], gpus[idx], ref[idx]]), axis=0,
-                                       return_inverse=True, return_counts=True)
-    member = member.ravel()
-    first = idx[np.unique(member, return_index=True)[1]]  # a representative job per class
-    m = len(first)
+    # in them, so it has an optimum giving them the same X; solving per class finds that one.
+    # Classes are ordered by content, so the LP does not depend on the order of the jobs.
+    rows, member, count = _unique_rows(np.column_stack([thr[idx], gpus[idx], ref[idx]]))
+    key = (objective, rows.shape, rows.tobytes(), count.tobytes(), capacity.tobytes())
+    if memo is not None and memo.get("key") == key:
+        sol = memo["sol"]
+    else:
+        sol = _solve_classes(rows[:, :types], rows[:, types], rows[:, types + 1], count, capacity, objective)
+        if memo is not None:
+            memo["key"], memo["sol"] = key, sol
+    out[idx] = sol[member]
+    return out
+
+
+def _solve_classes(thr: np.ndarray, gpus: np.ndarray, ref: np.ndarray, count: np.ndarray, capacity: np.ndarray,
+                   objective: str) -> np.ndarray:
+    """The LP over job classes (one row of `thr`, `gpus`, `ref` each; `count` jobs per class)."""
+    m, types = thr.shape
+    usable = (thr > 0) & (gpus[:, None] <= capacity[None, :])
     # one variable per usable (class, type) pair (the others are fixed at 0), plus z (max-min)
-    pj, pt = np.nonzero(usable[first])
+    pj, pt = np.nonzero(usable)
     nv = len(pj)
-    flat = thr[first[pj], pt] / ref[first[pj]]
+    flat = thr[pj, pt] / ref[pj]
     weight = count[pj].astype(float)
-    cols = np.arange(nv)
-    # rows: m "one type at a time", T capacities, then (max-min) m fairness rows z − Σ_t X·thr/eq ≤ 0
-    rows = [pj, m + pt]
-    data = [np.ones(nv), weight * gpus[first[pj]]]
+    # rows: m "one type at a time", T capacities, then (max-min) m fairness rows z − Σ_t X·thr/eq ≤ 0;
+    # A column by column (CSC, rows ascending): variable v has 1 in row pj, weight·gpus in row m + pt
+    # (and −thr/eq in row m + T + pj), z has 1 in every fairness row
+    per = 2 if objective == "max-sum-throughput" else 3
+    index = np.empty((nv, per), dtype=np.intp)
+    value = np.empty((nv, per))
+    index[:, 0], index[:, 1] = pj, m + pt
+    value[:, 0], value[:, 1] = 1.0, weight * gpus[pj]
     b_ub = np.concatenate([np.ones(m), capacity])
     if objective == "max-sum-throughput":
-        A = csr_matrix((np.concatenate(data), (np.concatenate(rows), np.tile(cols, 2))), shape=(m + types, nv))
-        res = linprog(-weight * flat, A_ub=A, b_ub=b_ub, bounds=(0.0, 1.0), method="highs")
-        x = res.x if res.status == 0 else np.zeros(nv)
+        x = _lp(np.arange(0, per * nv + 1, per), index.ravel(), value.ravel(), m + types)(-weight * flat, b_ub,
+                                                                                           np.ones(nv))
+        if x is None:
+            x = np.zeros(nv)
     else:
-        fair = m + types + np.arange(m)
-        A = csr_matrix((np.concatenate(data + [-flat, np.ones(m)]),
-                        (np.concatenate(rows + [m + types + pj, fair]),
-                         np.concatenate([cols, cols, cols, np.full(m, nv)]))), shape=(2 * m + types, nv + 1))
-        bounds = np.zeros((nv + 1, 2))
-        bounds[:nv, 1] = 1.0
-        bounds[nv, 1] = np.inf
+        index[:, 2], value[:, 2] = m + types + pj, -flat
+        solve = _lp(np.append(np.arange(0, per * nv + 1, per), per * nv + m),
+                    np.concatenate([index.ravel(), np.arange(m + types, 2 * m + types)]),
+                    np.concatenate([value.ravel(), np.ones(m)]), 2 * m + types)
+        upper = np.ones(nv + 1)
+        upper[nv] = np.inf
         c = np.zeros(nv + 1)
         c[nv] = -1.0
         # stage 1: maximise z with z ≤ Σ_t X·thr/eq for every job
-        res = linprog(c, A_ub=A, b_ub=np.concatenate([b_ub, np.zeros(m)]), bounds=bounds, method="highs")
-        if res.status != 0:
-            return out
-        z = float(res.x[-1])
+        x1 = solve(c, np.concatenate([b_ub, np.zeros(m)]), upper)
+        if x1 is None:
+            return np.zeros((m, types))
+        z = float(x1[-1])
         # stage 2: keep everyone at the fair level, use the rest for total throughput
         # (same matrix with z fixed at 0: the fairness rows become −Σ_t X·thr/eq ≤ −z·(1 − 1e-6))
-        bounds[nv, 1] = 0.0
+        upper[nv] = 0.0
         c[:nv] = -weight * flat
         c[nv] = 0.0
-        res2 = linprog(c, A_ub=A, b_ub=np.concatenate([b_ub, np.full(m, -z * (1 - 1e-6))]), bounds=bounds,
-                       method="highs")
-        x = (res2.x if res2.status == 0 else res.x)[:nv]
+        x2 = solve(c, np.concatenate([b_ub, np.full(m, -z * (1 - 1e-6))]), upper)
+        x = (x2 if x2 is not None else x1)[:nv]
     sol = np.zeros((m, types))
     sol[pj, pt] = np.clip(x, 0.0, 1.0)
-    out[idx] = sol[member]
-    return out
+    return sol
 
 
 @POLICIES.register("gavel")
@@ -209,47 +312,59 @@ class Gavel:
         self.round_s = _positive(round_s, "round_s")
         self.migration_pause_s = _positive(migration_pause_s, "migration_pause_s", allow_zero=True)
         self._thr: Throughputs | None = None
-        self._rows: dict[str, tuple[int, np.ndarray, float]] = {}  # job → (GPUs, throughput row, normaliser)
+        # per job, indexed by `Job.key`: its throughput row, normaliser, GPUs, submit time (computed once:
+        # they depend only on the job's spec and GPU count, which Gavel never changes) and seconds run per type
+        self._kjob: dict[int, tuple[Job, int]] = {}  # key → (the job, its GPUs) its rows were computed for
+        self._kthr, self._kref, self._kgpus, self._ksubmit, self._krecv = (np.zeros((0, 0)), np.zeros(0), np.zeros(0),
+                                                                          np.zeros(0), np.zeros((0, 0)))
+        self._live: set[int] = set()  # keys of the jobs in the system at the last call
         self._type_masks: dict[int, np.ndarray | None] = {}  # type index → its nodes (no reservations)
-        self._lp: tuple[tuple, np.ndarray] | None = None  # (LP inputs key, X by job id order) of the last solve
-        self._received: dict[str, np.ndarray] = {}  # job → seconds run per type
+        self._lp: dict = {}  # `solve_allocation`'s memo: the last per-class LP and its solution
         self._last_now: float | None = None
         self._next_round = -math.inf
         self._preempted_now: tuple[float, set[str]] = (-math.inf, set())
         self.round_latencies: list[tuple[float, float, str]] = []
-        self.last_allocation: dict[str, dict[str, float]] = {}
+        self._last: tuple | None = None  # the last call's LP inputs (jobs, types, thr, gpus, capacity, ref, X)
 
     # ------------------------------------------------------------ inputs
     def _throughputs(self, ctx: SchedulingContext) -> Throughputs:
         if self._thr is None or self._thr.topology is not ctx.topology:
             self._thr = Throughputs(ctx.topology)
-            self._rows.clear()
+            self._kjob.clear()  # recompute the rows
             self._type_masks.clear()
-            self._lp = None
+            self._lp = {}
         return self._thr
 
-    def _matrix(self, ctx: SchedulingContext, jobs: list[Job]) -> tuple[np.ndarray, np.ndarray]:
+    def _grow(self, size: int, types: int) -> None:
+        """Make the per-key arrays hold keys < `size`."""
+        have = len(self._kref)
+        if size > have:
+            new = max(size, 2 * have, 64)
+            pad = [(0, new - have), (0, 0)]
+            self._kthr = np.pad(self._kthr[:have].reshape(have, types), pad)
+            self._krecv = np.pad(self._krecv[:have].reshape(have, types), pad)
+            self._kref, self._kgpus, self._ksubmit = (np.pad(a[:have], (0, new - have))
+                                                       for a in (self._kref, self._kgpus, self._ksubmit))
+
+    def _matrix(self, ctx: SchedulingContext, jobs: list[Job], ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Throughput matrix (n × T) and each job's normaliser (throughput on its requested type).
 
         A job's row depends only on its spec and GPU count (Gavel never resizes), so it
-        is computed once per job and reused every round."""
+        is computed once per job (`ks`: the jobs' keys) and reused every round."""
         thr_of = self._throughputs(ctx)
         types = ctx.topology.gpu_types
-        rows = self._rows
-        thr = np.empty((len(jobs), len(types)))
-        ref = np.empty(len(jobs))
-        for i, job in enumerate(jobs):
-            cached = rows.get(job.job_id)
-            if cached is None or cached[0] != job.gpus:
-                spec = job.spec
-                allowed = spec.gpu_types
-                row = np.array([0.0 if allowed and t not in allowed else thr_of.of(spec, t, job.gpus, dp_only=True)
-                                for t in types])
-                r = float(row[types.index(spec.gpu_type)]) if spec.gpu_type in types else 0.0
-                cached = rows[job.job_id] = (job.gpus, row, r if r > 0 else float(row.max()))
-            thr[i] = cached[1]
-            ref[i] = cached[2]
-        return thr, ref
+        self._grow(int(ks.max()) + 1, len(types))
+        kjob = self._kjob
+        for job in [j for j in jobs if (c := kjob.get(j.key)) is None or c[0] is not j or c[1] != j.gpus]:
+            spec, k = job.spec, job.key
+            allowed = spec.gpu_types
+            row = np.array([0.0 if allowed and t not in allowed else thr_of.of(spec, t, job.gpus, dp_only=True)
+                            for t in types])
+            r = float(row[types.index(spec.gpu_type)]) if spec.gpu_type in types else 0.0
+            self._kthr[k], self._kref[k], self._kgpus[k], self._ksubmit[k] = (
+                row, r if r > 0 else float(row.max()), job.gpus, spec.submit_time)
+            kjob[k] = (job, job.gpus)
+        return self._kthr[ks], self._kref[ks]
 
     @staticmethod
     def _capacity(ctx: SchedulingContext) -> np.ndarray:
@@ -258,36 +373,51 @@ class Gavel:
         return np.bincount(topo.node_type, weights=healthy, minlength=len(topo.gpu_types)).astype(float)
 
     def _account(self, ctx: SchedulingContext) -> None:
-        """Credit running jobs with the time since the last call on their current type."""
+        """Credit running jobs with the time since the last call on their current type; forget
+        what jobs no longer in the system received."""
         now = ctx.now
-        if self._last_now is not None and now > self._last_now:
-            dt = now - self._last_now
+        running = list(ctx.running.values())
+        if self._last_now is not None and now > self._last_now and running:
             types = len(ctx.topology.gpu_types)
-            for job in ctx.running.values():
-                got = self._received.setdefault(job.job_id, np.zeros(types))
-                got[int(ctx.topology.node_type[job.allocation.nodes[0]])] += dt  # type: ignore[union-attr]
+            ks = np.fromiter((j.key for j in running), np.intp, len(running))
+            first = np.fromiter((j.allocation.nodes[0] for j in running), np.intp,  # type: ignore[union-attr]
+                                len(running))
+            self._grow(int(ks.max()) + 1, types)
+            self._krecv[ks, ctx.topology.node_type[first]] += now - self._last_now
         self._last_now = now
-        live = ctx.running.keys() | ctx.pending.keys()
-        for cache in (self._received, self._rows):
-            for gone in [j for j in cache if j not in live]:
-                del cache[gone]
+        live = {j.key for j in running}
+        live.update(j.key for j in ctx.pending.values())
+        gone = list(self._live - live)
+        if gone:
+            self._krecv[gone] = 0.0
+            for k in gone:
+                self._kjob.pop(k, None)
+        self._live = live
 
-    def _solve(self, jobs: list[Job], thr: np.ndarray, gpus: np.ndarray, capacity: np.ndarray,
-               ref: np.ndarray) -> np.ndarray:
-        """`solve_allocation` over the jobs in a canonical order (by job id), reusing the
-        last solution when the job set and the capacities are unchanged: the LP's inputs
-        are then identical, so is its solution."""
+    @property
+    def last_allocation(self) -> dict[str, dict[str, float]]:
+        """X of the last call's LP: job → {type: time fraction > 1e-9} (solved now if that call
+        could do without it)."""
+        if self._last is None:
+            return {}
+        jobs, types, thr, gpus, capacity, ref, x = self._last
         ids = [j.job_id for j in jobs]
-        order = sorted(range(len(jobs)), key=ids.__getitem__)
-        key = (tuple(ids[i] for i in order), capacity.tobytes())
-        if self._lp is not None and self._lp[0] == key:
-            x_sorted = self._lp[1]
-        else:
-            x_sorted = solve_allocation(thr[order], gpus[order], capacity, self.objective, ref[order])
-            self._lp = (key, x_sorted)
-        x = np.empty_like(x_sorted)
-        x[order] = x_sorted
-        return x
+        if x is None:
+            x = solve_allocation(thr, gpus, capacity, self.objective, ref, self._lp)
+            self._last = self._last[:-1] + (x,)
+        out: dict[str, dict[str, float]] = {j: {} for j in ids}
+        for i, k in zip(*np.nonzero(x > 1e-9)):
+            out[ids[i]][types[k]] = float(x[i, k])
+        return out
+
+    def _can_start(self, ctx: SchedulingContext, jobs: list[Job], gpus: np.ndarray, fits: np.ndarray) -> bool:
+        """Whether `_fill` could start anything: some waiting job (not preempted at this instant)
+        has a type it fits with at least its GPU count free — `_place` asks the placer only then."""
+        at, skip = self._preempted_now
+        waiting = np.array([i for i in range(len(ctx.running), len(jobs))
+                            if at != ctx.now or jobs[i].job_id not in skip], dtype=int)
+        free = np.minimum(self._type_free(ctx, ctx.state), ctx.state.free_total)
+        return bool((fits[waiting] & (gpus[waiting, None] <= free[None, :])).any())
 
     # ------------------------------------------------------------ round
     def schedule(self, ctx: SchedulingContext) -> list[Decision]:
@@ -301,30 +431,27 @@ class Gavel:
         if not full and not ctx.pending:
             return []
         types = ctx.topology.gpu_types
-        thr, ref = self._matrix(ctx, jobs)
+        ks = np.fromiter((j.key for j in jobs), np.intp, len(jobs))
+        thr, ref = self._matrix(ctx, jobs, ks)
         capacity = self._capacity(ctx)
-        gpus = np.array([j.gpus for j in jobs], dtype=float)
-        x = self._solve(jobs, thr, gpus, capacity, ref)
-        rows, cols = np.nonzero(x > 1e-9)
-        self.last_allocation = {j.job_id: {} for j in jobs}
-        for i, k in zip(rows.tolist(), cols.tolist()):
-            self.last_allocation[jobs[i].job_id][types[k]] = float(x[i, k])
-        norm = np.divide(thr, ref[:, None], out=np.zeros_like(thr), where=ref[:, None] > 0)
+        gpus = self._kgpus[ks]
         fits = (thr > 0) & (gpus[:, None] <= capacity[None, :])
-        in_system = np.maximum(now - np.array([j.spec.submit_time for j in jobs]), self.round_s)
-        got = np.zeros_like(x)
-        for i, job in enumerate(jobs):
-            received = self._received.get(job.job_id)
-            if received is not None:
-                got[i] = received
-        prio = x / (got / in_system[:, None] + EPS)
+        self._last = (jobs, types, thr, gpus, capacity, ref, None)
+        if not full and not self._can_start(ctx, jobs, gpus, fits):  # the LP could not change that
+            self.round_latencies.append((now, time.perf_counter() - clock, "fill"))
+            return []
+        x = solve_allocation(thr, gpus, capacity, self.objective, ref, self._lp)
+        self._last = self._last[:-1] + (x,)
+        norm = np.divide(thr, ref[:, None], out=np.zeros_like(thr), where=ref[:, None] > 0)
+        in_system = np.maximum(now - self._ksubmit[ks], self.round_s)
+        prio = x / (self._krecv[ks] / in_system[:, None] + EPS)
         # pairs (i, k) by (x > 1e-6, prio, x, norm) descending, then job key, then type order
-        keys = np.array([j.key for j in jobs])
         fi, fk = np.nonzero(fits)
         xs = x[fi, fk]
-        rank = np.lexsort((keys[fi], -norm[fi, fk], -xs, -prio[fi, fk], -(xs > 1e-6).astype(float)))
+        rank = np.lexsort((ks[fi], -norm[fi, fk], -xs, -prio[fi, fk], -(xs > 1e-6).astype(float)))
         pairs = list(zip(fi[rank].tolist(), fk[rank].tolist()))
-        decisions = self._round(ctx, jobs, pairs, x, norm, fits) if full else self._fill(ctx, jobs, pairs, x)
+        decisions = (self._round(ctx, jobs, ks, pairs, int((xs > 1e-6).sum()), x, norm, fits) if full
+                     else self._fill(ctx, jobs, pairs, x))
         if full:
             self._next_round = now + self.round_s
             decisions.append(Timer(self._next_round, f"gavel: next {self.round_s:.0f}s round"))
@@ -385,28 +512,32 @@ class Gavel:
                                                          f"(X={x[i, k]:.2f})"))
         return out
 
-    def _round(self, ctx: SchedulingContext, jobs: list[Job], pairs: list[tuple[int, int]], x: np.ndarray,
-               norm: np.ndarray, fits: np.ndarray) -> list[Decision]:
+    def _round(self, ctx: SchedulingContext, jobs: list[Job], keys: np.ndarray, pairs: list[tuple[int, int]],
+               positive: int, x: np.ndarray, norm: np.ndarray, fits: np.ndarray) -> list[Decision]:
+        """A full round; `pairs[:positive]` are the pairs with X > 1e-6 (they sort first)."""
         topo = ctx.topology
         types = topo.gpu_types
-        left = self._capacity(ctx)
+        left = self._capacity(ctx).tolist()
+        gpus = [j.gpus for j in jobs]
         chosen: dict[int, int] = {}
-        for i, k in pairs:  # Gavel's greedy by priority, counting GPUs per type
-            if x[i, k] > 1e-6 and i not in chosen and jobs[i].gpus <= left[k]:
+        for i, k in pairs[:positive]:  # Gavel's greedy by priority, counting GPUs per type
+            if i not in chosen and gpus[i] <= left[k]:
                 chosen[i] = k
-                left[k] -= jobs[i].gpus
+                left[k] -= gpus[i]
         rest = fits.copy()
         rest[list(chosen)] = False
         li, lk = np.nonzero(rest)
-        keys = np.array([j.key for j in jobs])
         by_norm = np.lexsort((keys[li], -norm[li, lk]))  # normalised throughput descending, then job key
+        smallest = min(gpus)
         for i, k in zip(li[by_norm].tolist(), lk[by_norm].tolist()):  # work conservation on GPUs the LP leaves unused
-            if i not in chosen and jobs[i].gpus <= left[k]:
+            if i not in chosen and gpus[i] <= left[k]:
                 chosen[i] = k
-                left[k] -= jobs[i].gpus
+                left[k] -= gpus[i]
+                if max(left) < smallest:
+                    break
 
-        cur = {i: int(topo.node_type[j.allocation.nodes[0]]) for i, j in enumerate(jobs)  # type: ignore[union-attr]
-               if j.job_id in ctx.running}
+        running = len(ctx.running)  # `jobs` lists the running jobs first
+        cur = dict(enumerate(topo.node_type[[j.allocation.nodes[0] for j in jobs[:running]]].tolist()))  # type: ignore[union-attr]
         vacate = [i for i in cur if chosen.get(i) != cur[i]]
         trial = ctx.state.copy()
         for i in vacate:
@@ -420,30 +551,37 @@ class Gavel:
             if alloc is not None:
                 placed[i] = alloc
         preempt: list[int] = []
+        free = trial.free.tolist()  # GPUs left after the placements (plain ints: only checked from here on)
         for i in vacate:
             if i in placed:
                 continue
             old = jobs[i].allocation
-            if all(trial.free.item(n) >= g for n, g in zip(old.nodes, old.gpus)):  # type: ignore[union-attr]
-                trial.allocate(old)  # type: ignore[arg-type]  # not needed elsewhere: keeps running
+            if all(free[n] >= g for n, g in zip(old.nodes, old.gpus)):  # type: ignore[union-attr]
+                for n, g in zip(old.nodes, old.gpus):  # type: ignore[union-attr]
+                    free[n] -= g  # not needed elsewhere: keeps running
             else:
                 preempt.append(i)
 
         out: list[Decision] = []
-        sim = ctx.state.copy()
+        moves = [i for i in placed if i in cur]
+        sim = ctx.state.free.tolist() if moves else None  # free GPUs as the decisions so far leave them
+
+        def shift(alloc: Allocation, sign: int) -> None:  # release (+1) or take (−1) `alloc` in `sim`
+            for n, g in zip(alloc.nodes, alloc.gpus):
+                sim[n] += sign * g  # type: ignore[index]
         for i in preempt:
             why = ("not selected this round" if i not in chosen else
                    f"its GPUs are needed and no {types[chosen[i]]} placement was found")
             out.append(Preempt(jobs[i].job_id, f"gavel: preempt ({why})"))
-            sim.release(jobs[i].allocation)  # type: ignore[arg-type]
-        moves = [i for i in placed if i in cur]
-        while moves:
+            if sim is not None:
+                shift(jobs[i].allocation, 1)  # type: ignore[arg-type]
+        while sim is not None and moves:
             progressed = False
             for i in list(moves):
                 new = placed[i]
-                if all(sim.free.item(n) >= g for n, g in zip(new.nodes, new.gpus)):
-                    sim.release(jobs[i].allocation)  # type: ignore[arg-type]
-                    sim.allocate(new)
+                if all(sim[n] >= g for n, g in zip(new.nodes, new.gpus)):
+                    shift(jobs[i].allocation, 1)  # type: ignore[arg-type]
+                    shift(new, -1)
                     out.append(Migrate(jobs[i].job_id, new,
                                        f"gavel: move {types[cur[i]]} → {types[chosen[i]]} "
                                        f"(X={x[i, chosen[i]]:.2f}, normalised speed {norm[i, cur[i]]:.2f} → "
@@ -453,14 +591,13 @@ class Gavel:
             if not progressed:  # a cycle of swaps: break it with suspend/resume
                 for i in moves:
                     out.append(Preempt(jobs[i].job_id, f"gavel: suspend to move to {types[chosen[i]]}"))
-                    sim.release(jobs[i].allocation)  # type: ignore[arg-type]
+                    shift(jobs[i].allocation, 1)  # type: ignore[arg-type]
                 for i in moves:
-                    sim.allocate(placed[i])
+                    shift(placed[i], -1)
                     out.append(Resume(jobs[i].job_id, placed[i], f"gavel: resume on {types[chosen[i]]}"))
                 moves = []
         for i in order:
             if i in placed and i not in cur:
-                sim.allocate(placed[i])
                 out.append(self._start_kind(ctx, jobs[i], placed[i],
                                             f"gavel: round allocation on {types[chosen[i]]} "
                                             f"(X={x[i, chosen[i]]:.2f})"))

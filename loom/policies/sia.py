@@ -63,6 +63,8 @@ class Sia:
         self.next_round = -math.inf
         self.rounds_solved = 0
         self._tp: Throughputs | None = None
+        self._keep = 1.0 - min(1.0, self.pause_s / self.round_s)  # a reconfigured job loses its pause
+        self._curves: dict[tuple[str, str], list[tuple[int, float, float, float]]] = {}
 
     def utility(self, x: float) -> float:
         x = max(x, EPSILON)
@@ -77,6 +79,10 @@ class Sia:
         self.next_round = ctx.now + self.round_s
         if self._tp is None or self._tp.topology is not ctx.topology:
             self._tp = Throughputs(ctx.topology)
+            self._curves.clear()
+        live = ctx.running.keys() | ctx.pending.keys()
+        for gone in [key for key in self._curves if key[0] not in live]:
+            del self._curves[gone]
         targets = self._solve(ctx)
         self.rounds_solved += 1
         plan = RoundPlan(ctx)
@@ -91,13 +97,26 @@ class Sia:
         plan.decisions.append(Timer(self.next_round, f"sia: next round in {self.round_s:.0f}s"))
         return plan.decisions
 
+    def _curve(self, job: Job, gpu_type: str) -> list[tuple[int, float, float, float]]:
+        """(GPUs, normalised goodput, its utility, utility after the restart discount) per
+        configuration size on a type, smallest first: fixed for a job, so kept across rounds."""
+        key = (job.job_id, gpu_type)
+        curve = self._curves.get(key)
+        if curve is None:
+            tp, spec = self._tp, job.spec
+            assert tp is not None
+            low = max(1, spec.gpus // self.max_scale)
+            curve = []
+            for g in power_sizes(spec.gpus, low, spec.gpus * self.max_scale):
+                x = tp.normalised(spec, gpu_type, g, dp_only=True)
+                curve.append((g, x, self.utility(x), self.utility(x * self._keep)))
+            self._curves[key] = curve
+        return curve
+
     def _solve(self, ctx: SchedulingContext) -> dict[str, Target]:
-        tp = self._tp
-        assert tp is not None
         topo, state = ctx.topology, ctx.state
         free = {t: healthy_capacity(state, t) for t in topo.gpu_types}
         jobs = sorted([*ctx.running.values(), *ctx.pending.values()], key=lambda j: j.key)
-        keep = 1.0 - min(1.0, self.pause_s / self.round_s)
         options: dict[str, dict[str, list[tuple[int, float]]]] = {}  # job → type → [(gpus, utility)]
         current: dict[str, Target | None] = {}
         for job in jobs:
@@ -108,43 +127,41 @@ class Sia:
             for t in types:
                 if t not in free or free[t] <= 0:
                     continue
-                low = max(1, spec.gpus // self.max_scale)
-                sizes = power_sizes(spec.gpus, low, min(free[t], spec.gpus * self.max_scale))
                 row = []
-                for g in sizes:
-                    x = tp.normalised(spec, t, g, dp_only=True)
+                for g, x, u_plain, u_kept in self._curve(job, t):
+                    if g > free[t]:
+                        break
                     if now_at is not None and (t, g) != now_at:
-                        x *= keep
-                    if x > 0:
-                        row.append((g, self.utility(x)))
+                        if x * self._keep > 0:
+                            row.append((g, u_kept))
+                    elif x > 0:
+                        row.append((g, u_plain))
                 if row:
                     per_type[t] = row
             options[job.job_id] = per_type
             current[job.job_id] = None
         by_id = {j.job_id: j for j in jobs}
+        utility_at = {jid: {(t, g): u for t, row in per.items() for g, u in row} for jid, per in options.items()}
         version = dict.fromkeys(by_id, 0)
         base = self.utility(0.0)
 
         def best_move(jid: str) -> tuple[float, str, int, int] | None:
             """(gain per added GPU, type, gpus, GPUs needed) of the best feasible change."""
             cur = current[jid]
-            u_cur = base
-            if cur is not None:
-                u_cur = dict(options[jid][cur[0]])[cur[1]]
+            u_cur = base if cur is None else utility_at[jid][cur]
+            cur_type, cur_gpus = cur if cur is not None else (None, 0)
             best = None
             for t, row in options[jid].items():
-                for g, u in row:
-                    if cur is not None and t == cur[0]:
-                        if g <= cur[1]:
-                            continue
-                        need = g - cur[1]
-                    else:
-                        need = g
-                    if need > free[t] or u <= u_cur:
+                have = cur_gpus if t == cur_type else 0
+                room = free[t] + have
+                for g, u in row:  # sizes ascending
+                    if g > room:
+                        break
+                    if g <= have or u <= u_cur:
                         continue
-                    gain = (u - u_cur) / need
+                    gain = (u - u_cur) / (g - have)
                     if best is None or gain > best[0]:
-                        best = (gain, t, g, need)
+                        best = (gain, t, g, g - have)
             return best
 
         heap: list[tuple[float, int, str, int]] = []

@@ -7,7 +7,11 @@ scaling estimate the baselines decide with (Crius §7: Gavel, Sia and
 ElasticFlow allocate from DP scaling, but run jobs with the best plan).
 Jobs without a `loom.perf` model preset fall back to linear scaling of their
 requested size (rate ∝ GPUs, the trace semantics). Memoised per
-(model, batch, type, count, GPUs per node, dp_only).
+(model, batch, type, count, GPUs per node, dp_only); `of` and `normalised`
+also memoise their answers per (the spec fields they read, type, count,
+dp_only), and the preset names and GPUs per node of each type are looked up
+once per instance, so repeated calls are dictionary look-ups (values
+unchanged).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from loom.perf.search import Choices, candidate_plans, search_plans
 from loom.workload.job import JobSpec
 
 DEFAULT_BATCH = 256
+_MEMO_LIMIT = 1 << 18  # entries per answer memo (cleared when full)
 
 
 class Throughputs:
@@ -32,21 +37,43 @@ class Throughputs:
         self.default_batch = default_batch
         self.estimator = Estimator()
         self._cached = lru_cache(maxsize=1 << 16)(self._compute)
+        self._presets = frozenset(preset_names())
+        self._per_node: dict[str, int] = {}  # GPU type → GPUs per node
+        self._of: dict[tuple, float] = {}  # (model, batch, request, type, GPUs, dp_only) → `of`
+        self._normalised: dict[tuple, float] = {}  # (+ requested type) → `normalised`
 
     def of(self, spec: JobSpec, gpu_type: str, gpus: int, dp_only: bool = False) -> float:
+        key = (spec.model, spec.batch_size, spec.gpus, gpu_type, gpus, dp_only)
+        value = self._of.get(key)
+        if value is None:
+            if len(self._of) >= _MEMO_LIMIT:
+                self._of.clear()
+            value = self._of[key] = self._of_uncached(spec, gpu_type, gpus, dp_only)
+        return value
+
+    def _of_uncached(self, spec: JobSpec, gpu_type: str, gpus: int, dp_only: bool) -> float:
         if gpus <= 0:
             return 0.0
-        if not spec.model or spec.model not in preset_names():
+        if not spec.model or spec.model not in self._presets:
             return gpus / spec.gpus  # trace semantics: the requested size runs at rate 1
-        per_node = self.topology.gpus_per_node(gpu_type)
+        per_node = self._per_node.get(gpu_type)
+        if per_node is None:
+            per_node = self._per_node[gpu_type] = self.topology.gpus_per_node(gpu_type)
         return self._cached(spec.model, spec.batch_size or self.default_batch, gpu_type, gpus, per_node, dp_only)
 
     def normalised(self, spec: JobSpec, gpu_type: str, gpus: int, dp_only: bool = False) -> float:
         """Throughput relative to the job's request (its GPU count on its GPU type, or the
         best type when it asked for none): 1.0 = as requested."""
-        reference_type = spec.gpu_type or self.best_type(spec, spec.gpus, dp_only)
-        reference = self.of(spec, reference_type, spec.gpus, dp_only)
-        return self.of(spec, gpu_type, gpus, dp_only) / reference if reference > 0 else 0.0
+        key = (spec.model, spec.batch_size, spec.gpus, spec.gpu_type, gpu_type, gpus, dp_only)
+        value = self._normalised.get(key)
+        if value is None:
+            if len(self._normalised) >= _MEMO_LIMIT:
+                self._normalised.clear()
+            reference_type = spec.gpu_type or self.best_type(spec, spec.gpus, dp_only)
+            reference = self.of(spec, reference_type, spec.gpus, dp_only)
+            value = self.of(spec, gpu_type, gpus, dp_only) / reference if reference > 0 else 0.0
+            self._normalised[key] = value
+        return value
 
     def best_type(self, spec: JobSpec, gpus: int, dp_only: bool = False) -> str:
         return max(self.topology.gpu_types, key=lambda t: self.of(spec, t, gpus, dp_only))

@@ -119,6 +119,7 @@ class ArenaProfileSpeed:
         self.index, self.table = self._load(table)
         self._estimator: Any = None
         self._ctx: Any = None
+        self._per_node: tuple[Topology | None, dict[str, int]] = (None, {})
 
     # -- hooks the engine calls ------------------------------------------------
     def bind(self, ctx: Any) -> None:
@@ -154,10 +155,19 @@ class ArenaProfileSpeed:
     # -- lookups -------------------------------------------------------------------
     def requested_seconds(self, spec: JobSpec, gpu_type: str, topology: Topology) -> float | None:
         """Iteration time on the requested GPUs packed as Arena's best locality (None: not profiled)."""
-        per_node = topology.gpus_per_node(gpu_type)
+        per_node = self._gpus_per_node(topology, gpu_type)
         per_host = min(spec.gpus, per_node)
         hosts = -(-spec.gpus // per_host)
         return self.lookup(spec.model, spec.batch_size, gpu_type, hosts, per_host, spec.gpus)
+
+    def _gpus_per_node(self, topology: Topology, gpu_type: str) -> int:
+        """`topology.gpus_per_node`, remembered per type (it scans the nodes; rate() asks on every start)."""
+        if self._per_node[0] is not topology:
+            self._per_node = (topology, {})
+        known = self._per_node[1]
+        if (found := known.get(gpu_type)) is None:
+            found = known[gpu_type] = topology.gpus_per_node(gpu_type)
+        return found
 
     def allocated_seconds(self, spec: JobSpec, gpu_type: str, allocation: Allocation) -> float | None:
         shares = [int(g) for g in allocation.gpus if g]

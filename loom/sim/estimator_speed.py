@@ -81,6 +81,7 @@ class EstimatorSpeed:
         self.estimator = Estimator()
         self.memory_overrides: set[tuple[str, int, str, int]] = set()
         self._best = lru_cache(maxsize=1 << 14)(self._best_estimate)
+        self._planned = lru_cache(maxsize=1 << 14)(self._planned_estimate)  # jobs restart on the same shapes
         self._ctx: Any = None
 
     # -- hooks the engine calls ------------------------------------------------
@@ -130,12 +131,17 @@ class EstimatorSpeed:
         placement = PACKED
         if self.placement_aware:
             placement = _placement(allocation, use, topology)
-        job = TrainingJob(preset(model), _batch_for(batch, allocation.total))
+        planned = self._planned(model, batch, gpu_type, per_node, allocation.total, use, placement)
+        return (seconds if planned is None else planned) * scale
+
+    def _planned_estimate(self, model: str, batch: int, gpu_type: str, per_node: int, gpus: int,
+                          plan: ParallelPlan, placement: Placement) -> float | None:
+        """Iteration seconds of `plan` on `gpus` GPUs placed as `placement` (None: it cannot run)."""
+        job = TrainingJob(preset(model), _batch_for(batch, gpus))
         try:
-            estimate = self.estimator.estimate(job, Hardware(gpu_type, gpus_per_node=per_node), use, placement)
+            return self.estimator.estimate(job, Hardware(gpu_type, gpus_per_node=per_node), plan, placement).iteration_s
         except PlanError:
-            return seconds * scale
-        return estimate.iteration_s * scale
+            return None
 
     def _best_estimate(self, model_name: str, batch: int, gpu_type: str, gpus: int, per_node: int
                        ) -> tuple[float, float, ParallelPlan | None]:
