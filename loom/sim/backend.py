@@ -4,11 +4,22 @@ keeping each job's progress exact between events (piecewise-constant rates)."""
 from __future__ import annotations
 
 from loom.core.context import Reservation, SchedulingContext
-from loom.core.decisions import Decision, Migrate, Preempt, Release, Reserve, Resize, Resume, Start, Timer
+from loom.core.decisions import (
+    Decision,
+    Migrate,
+    Preempt,
+    Release,
+    Reserve,
+    Resize,
+    Resume,
+    Start,
+    Timer,
+)
 from loom.core.jobs import Job, JobState
 from loom.core.protocols import SpeedModel
 from loom.hardware.state import Allocation, ClusterState
 from loom.sim.events import EventKind, EventQueue
+from loom.sim.interruptions import Interruptions
 
 
 class DecisionError(RuntimeError):
@@ -17,8 +28,9 @@ class DecisionError(RuntimeError):
 
 class SimBackend:
     def __init__(self, ctx: SchedulingContext, jobs: dict[str, Job], speed: SpeedModel, events: EventQueue,
-                 log: list[tuple[float, Decision]] | None) -> None:
+                 log: list[tuple[float, Decision]] | None, interruptions: Interruptions | None = None) -> None:
         self.ctx = ctx
+        self.interruptions = interruptions  # None: pauses are the policies' own (`pause_s`)
         self.state: ClusterState = ctx.state
         self.jobs = jobs
         self.speed = speed
@@ -53,14 +65,20 @@ class SimBackend:
         self.ctx.running[job.job_id] = job
         job.state = JobState.RUNNING
         job.plan = d.plan
+        primitive = "start" if job.first_start is None else "resume"
         if job.first_start is None:
             job.first_start = now
-        self._run_on(job, d.allocation, now)
+        pause_s, divisor = 0.0, 1.0
+        if self.interruptions is not None:
+            pause_s, divisor = self.interruptions.on_run(job, d.allocation, now, primitive)
+        self._run_on(job, d.allocation, now, pause_s, divisor)
         for rid in [r.reservation_id for r in self.ctx.reservations.values() if r.for_job == job.job_id]:
             self.apply([Release(rid, f"job {job.job_id} started: its reservation is used up")], now)
 
     def _preempt(self, d: Preempt, now: float) -> None:
         job = self._job(d.job_id, JobState.RUNNING)
+        if self.interruptions is not None:
+            self.interruptions.on_preempt(job, job.allocation, now, now - job.last_start)  # type: ignore[arg-type, operator]
         self.stop(job, now)
         job.preemptions += 1
         job.state = JobState.PENDING
@@ -71,7 +89,8 @@ class SimBackend:
         if isinstance(d, Migrate) and d.allocation.total != job.allocation.total:  # type: ignore[union-attr]
             raise DecisionError(f"migrate of '{job.job_id}' changes its GPU count; use Resize")
         self._settle(job, now)
-        self.state.release(job.allocation)  # type: ignore[arg-type]
+        before = job.allocation
+        self.state.release(before)  # type: ignore[arg-type]
         self.state.allocate(d.allocation)
         if isinstance(d, Resize):
             job.resizes += 1
@@ -80,7 +99,12 @@ class SimBackend:
             job.migrations += 1
         if d.pause_s < 0:
             raise DecisionError(f"negative pause for '{job.job_id}'")
-        self._run_on(job, d.allocation, now, d.pause_s)
+        pause_s, divisor = d.pause_s, 1.0
+        if self.interruptions is not None:
+            self.interruptions.on_stop(job, before, now, now - job.last_start)  # type: ignore[arg-type, operator]
+            primitive = "resize" if isinstance(d, Resize) else "migrate"
+            pause_s, divisor = self.interruptions.on_run(job, d.allocation, now, primitive, before)
+        self._run_on(job, d.allocation, now, pause_s, divisor)
 
     def _reserve(self, d: Reserve, now: float) -> None:
         if d.reservation_id in self.ctx.reservations:
@@ -102,10 +126,11 @@ class SimBackend:
         self.events.push(d.at, EventKind.TIMER, ("wake", None))
 
     # ------------------------------------------------------------ progress
-    def _run_on(self, job: Job, alloc: Allocation, now: float, pause_s: float = 0.0) -> None:
+    def _run_on(self, job: Job, alloc: Allocation, now: float, pause_s: float = 0.0, divisor: float = 1.0) -> None:
         rate = self.speed.rate(job, alloc, self.ctx.topology)
         if not rate > 0:
             raise DecisionError(f"speed model gave rate {rate} for job '{job.job_id}'")
+        rate /= divisor  # periodic checkpoint stalls, time-slicing overhead
         job.remaining += rate * pause_s  # a pause costs as much work as it lasts, on the GPUs held
         job.allocation = alloc
         job.rate = rate
@@ -133,7 +158,19 @@ class SimBackend:
         job.rate = 0.0
         job.finish_version += 1
 
+    def fail(self, job: Job, now: float) -> None:
+        """A failure took the job down: it loses the work since its last durable checkpoint."""
+        if self.interruptions is not None:
+            lost_s = self.interruptions.on_failure(job, job.allocation, now, now - job.last_start)  # type: ignore[arg-type, operator]
+            rate = job.rate
+            self.stop(job, now)
+            job.remaining += lost_s * rate
+        else:
+            self.stop(job, now)
+
     def finish(self, job: Job, now: float) -> None:
+        if self.interruptions is not None:
+            self.interruptions.on_stop(job, job.allocation, now, now - job.last_start)  # type: ignore[arg-type, operator]
         self._settle(job, now)
         job.remaining = 0.0
         self.state.release(job.allocation)  # type: ignore[arg-type]

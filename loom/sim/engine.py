@@ -8,9 +8,9 @@ being pushed onto the heap, so the heap only holds what is in flight.
 from __future__ import annotations
 
 import time
-from heapq import heappop
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from heapq import heappop
 
 from loom.core.context import SchedulingContext, oracle_runtime
 from loom.core.decisions import Decision, Preempt, Release, Resize
@@ -19,9 +19,11 @@ from loom.core.protocols import Placer, Policy, SpeedModel
 from loom.errors import LoomInputError
 from loom.hardware.state import ClusterState
 from loom.hardware.topology import Topology
+from loom.perf.interruptions import InterruptionModel
 from loom.sim.backend import SimBackend
 from loom.sim.events import EventKind, EventQueue, NodeFailure
 from loom.sim.health import NodeHealth
+from loom.sim.interruptions import Interruptions, InterruptionTotals
 from loom.sim.speed import TraceDurationSpeed
 from loom.workload.job import JobSpec
 
@@ -48,6 +50,8 @@ class SimulationResult:
     # the scheduler's decision latency, per event (Crius §8.7-style overhead figures)
     round_seconds: list[float] = field(default_factory=list)
     round_queue: list[int] = field(default_factory=list)
+    # GPU-seconds spent on pauses, checkpoints and lost work (None: interruptions not priced)
+    interruptions: InterruptionTotals | None = None
 
 
 class Simulation:
@@ -63,6 +67,7 @@ class Simulation:
         failures: Sequence[NodeFailure] = (),
         runtime_estimate: Callable[[Job], float] = oracle_runtime,
         log_decisions: bool = True,
+        interruptions: InterruptionModel | None = None,
     ) -> None:
         self.topology = topology
         self.policy = policy
@@ -80,7 +85,8 @@ class Simulation:
         self.ctx = SchedulingContext(topology, ClusterState(topology), placer, {}, {}, {}, {},
                                      runtime_estimate=runtime_estimate)
         self.log: list[tuple[float, Decision]] | None = [] if log_decisions else None
-        self.backend = SimBackend(self.ctx, self.by_id, speed, self.events, self.log)
+        self.interruptions = Interruptions(interruptions) if interruptions is not None else None
+        self.backend = SimBackend(self.ctx, self.by_id, speed, self.events, self.log, self.interruptions)
         bind = getattr(speed, "bind", None)
         if bind is not None:  # optional hook: models that read the live context (interference)
             bind(self.ctx)
@@ -167,6 +173,7 @@ class Simulation:
             sim_wall_s=time.perf_counter() - wall, busy_gpu_seconds=backend.busy_gpu_seconds,
             failed_gpu_seconds=self.health.failed_gpu_seconds(start_time, end_time),
             round_seconds=round_seconds, round_queue=round_queue,
+            interruptions=self.interruptions.totals if self.interruptions is not None else None,
             start_time=start_time, end_time=end_time,
             rejected=self.rejected,
         )
@@ -221,7 +228,7 @@ class Simulation:
         name = self.topology.node_names[node]
         victims = [j for j in self.ctx.running.values() if node in j.allocation.nodes]  # type: ignore[union-attr]
         for job in victims:
-            self.backend.stop(job, now)
+            self.backend.fail(job, now)
             job.failures += 1
             job.state = JobState.PENDING
             self.ctx.pending[job.job_id] = job
