@@ -47,6 +47,13 @@ class SimConfig(_Strict):
     round_interval_s: float | None = Field(default=None, gt=0)
     limit_jobs: int | None = Field(default=None, gt=0)
     failures: tuple[FailureSpec, ...] = ()
+    # node failures from a source: "infinitehbd" (the real fault trace), "rate:R" (per node per
+    # day) or a fault-trace JSON path, over the trace's span; turns interruptions and recovery on
+    failures_from: str | None = None
+    # interruption costs (loom.perf.interruptions.InterruptionCosts fields); {} = defaults, null = off
+    interruptions: dict[str, Any] | None = None
+    # failure recovery (loom.sim.recovery.RecoveryConfig fields); {} = defaults, null = off
+    recovery: dict[str, Any] | None = None
     outputs: Outputs = Outputs()
 
     @field_validator("policy", "placer", "speed_model", mode="before")

@@ -14,8 +14,8 @@ import platform
 import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import datetime, timezone
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +24,13 @@ from loom.config import Component, SimConfig, config_to_dict
 from loom.core.protocols import PLACERS, POLICIES, SPEED_MODELS
 from loom.errors import LoomInputError
 from loom.hardware.clusters import load_cluster
+from loom.perf.interruptions import InterruptionCosts, InterruptionModel
 from loom.registry import Registry
 from loom.report.decision_log import write_decision_log
 from loom.report.metrics import job_records, summary
 from loom.sim.engine import Simulation, SimulationResult
 from loom.sim.events import NodeFailure
+from loom.sim.recovery import RecoveryConfig
 from loom.workload.loaders import load_trace
 
 
@@ -78,6 +80,11 @@ def build_simulation(config: SimConfig) -> Simulation:
     if config.limit_jobs:
         specs = specs[: config.limit_jobs]
     failures = [NodeFailure(f.node, f.at, f.repair_after) for f in config.failures]
+    on_by_failures = {} if config.failures_from else None
+    interruptions = _section(InterruptionCosts, config.interruptions, on_by_failures, "interruptions")
+    recovery = _section(RecoveryConfig, config.recovery, on_by_failures, "recovery")
+    if config.failures_from:
+        failures += failures_over(config.failures_from, topology, specs, config.seed).failures
     return Simulation(
         topology,
         specs,
@@ -87,12 +94,43 @@ def build_simulation(config: SimConfig) -> Simulation:
         round_interval=config.round_interval_s,
         failures=failures,
         log_decisions=config.outputs.decision_log,
+        interruptions=InterruptionModel(interruptions) if interruptions is not None else None,
+        recovery=recovery,
     )
+
+
+def _section(kind: type, given: dict[str, Any] | None, default: dict[str, Any] | None, field: str) -> Any:
+    """Build a settings dataclass from its config section (None: the feature is off)."""
+    params = given if given is not None else default
+    if params is None:
+        return None
+    known = {f.name for f in fields(kind)}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise LoomInputError(f"unknown setting(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})",
+                             field=field)
+    try:
+        return kind(**params)
+    except LoomInputError as exc:
+        name = exc.field or ""
+        raise LoomInputError(exc.message, field=name if name.startswith(field) else f"{field}.{name}") from None
+
+
+def failures_over(source: str, topology: Any, specs: list[Any], seed: int) -> Any:
+    """Node failures from `source` over the trace's span (first submission to the last
+    submission plus the longest recorded run, or 30 days when runs are not recorded)."""
+    from loom.workload.faults import parse_failures
+
+    start = min((s.submit_time for s in specs), default=0.0)
+    last = max((s.submit_time for s in specs), default=0.0)
+    longest = max((s.duration or 0.0 for s in specs), default=0.0)
+    end = last + (longest if longest > 0 else 30 * 86400.0)
+    return parse_failures(source, topology, start, max(end, start + 1.0), seed)
 
 
 def run(config: SimConfig, progress_factory: Callable[[Simulation], Callable[[float], None]] | None = None
         ) -> RunOutputs:
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     t0 = time.perf_counter()
     sim = build_simulation(config)
     setup_s = time.perf_counter() - t0
@@ -128,7 +166,9 @@ def run(config: SimConfig, progress_factory: Callable[[Simulation], Callable[[fl
     }
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     if config.outputs.report and config.outputs.job_records:
-        from loom.report.html import write_report  # matplotlib: imported only when a report is wanted
+        from loom.report.html import (
+            write_report,  # matplotlib: imported only when a report is wanted
+        )
 
         write_report(out)
     return RunOutputs(result, stats, out)

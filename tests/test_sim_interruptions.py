@@ -3,6 +3,8 @@ migration and failures, end to end through `Simulation`."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from conftest import job
@@ -27,13 +29,13 @@ def shape_of(model, spec, gpus=None, nodes=1):
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_periodic_checkpoints_slow_a_job_by_their_stall(small_clos, mode):
-    model = InterruptionModel(InterruptionCosts(checkpoint_mode=mode))
-    spec = job("a", 0, 8, 10_000)
-    jobs, result = run(small_clos, [spec], model)
-    slowdown = model.checkpoint_slowdown(shape_of(model, spec), mode)
-    assert jobs["a"].end_time == pytest.approx(10_000 * slowdown)
-    assert result.interruptions.checkpoint_gpu_s == pytest.approx((slowdown - 1) * 10_000 * 8)
+def test_periodic_checkpoints_stall_a_job_after_every_interval_but_not_at_its_end(small_clos, mode):
+    model = InterruptionModel(InterruptionCosts(checkpoint_mode=mode))  # every 1,800 s of progress
+    jobs, result = run(small_clos, [job("a", 0, 8, 10_000), job("short", 0, 8, 1_000)], model)
+    stall = model.checkpoint_stall_s(shape_of(model, job("a", 0, 8, 10_000)), mode)
+    assert jobs["a"].end_time == pytest.approx(10_000 + 5 * stall)  # at 1,800 … 9,000 s of progress
+    assert jobs["short"].end_time == pytest.approx(1_000)  # shorter than the interval: never checkpoints
+    assert result.interruptions.checkpoint_gpu_s == pytest.approx(5 * stall * 8)
 
 
 def test_async_checkpoints_cost_less_than_sync(small_clos):
@@ -44,23 +46,24 @@ def test_async_checkpoints_cost_less_than_sync(small_clos):
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
-def test_a_failure_loses_the_work_since_the_last_durable_checkpoint(small_clos, mode):
+@pytest.mark.parametrize("fail_at", [4_200.0, 4_010.0])
+def test_a_failure_loses_the_work_since_the_last_durable_checkpoint(small_clos, mode, fail_at):
     costs = InterruptionCosts(checkpoint_mode=mode, checkpoint_interval_s=1000.0)
     model = InterruptionModel(costs)
     spec = job("a", 0, 8, 10_000)
     node = small_clos.node_names[0]  # best-fit puts the job on the first node
-    fail_at = 4_200.0
     jobs, result = run(small_clos, [spec], model, failures=[NodeFailure(node, fail_at, 50.0)])
     shape = shape_of(model, spec)
     stall = model.checkpoint_stall_s(shape, mode)
-    period = 1000.0 + stall
-    into = fail_at % period
-    lost = into + (period if mode == "async" and into < model.persist_s(shape) else 0.0)
-    rate = 1.0 / model.checkpoint_slowdown(shape, mode)
-    done = fail_at * rate - lost * rate
+    cycles, into = divmod(fail_at, 1000.0 + stall)
+    kept = cycles * 1000.0  # progress saved by the completed checkpoints
+    if mode == "async" and cycles >= 1 and into < model.persist_s(shape):
+        kept -= 1000.0  # the newest one was still uploading
+    lost = min(into, 1000.0) + (cycles * 1000.0 - kept)
+    left = 10_000 - kept
     resume = model.load(shape).total_s  # restart from the checkpoint on another node at once
     assert jobs["a"].failures == 1
-    assert jobs["a"].end_time == pytest.approx(fail_at + resume + (10_000 - done) / rate)
+    assert jobs["a"].end_time == pytest.approx(fail_at + resume + left + (math.ceil(left / 1000) - 1) * stall)
     assert result.interruptions.lost_gpu_s == pytest.approx(lost * 8)
 
 
@@ -71,9 +74,9 @@ def test_preempted_job_pays_save_and_load_when_it_resumes(small_clos):
     jobs, result = run(small_clos, [spec, job("tick", 100.0, 1, 1.0)], model, policy)
     shape = shape_of(model, spec)
     pause = model.save(shape).total_s + model.load(shape).total_s
-    slow = model.checkpoint_slowdown(shape)
+    stall = model.checkpoint_stall_s(shape)
     assert jobs["a"].preemptions == 1
-    assert jobs["a"].end_time == pytest.approx(5_000 * slow + pause)
+    assert jobs["a"].end_time == pytest.approx(5_000 + pause + 2 * stall)  # 4,900 s left: 2 checkpoints
     assert result.interruptions.paused_gpu_s == pytest.approx(pause * 8)  # the 1-GPU tick starts fresh
 
 
@@ -87,7 +90,7 @@ def test_migration_is_priced_by_the_model_not_the_policy(small_clos):
     pause = model.migrate(shape, shape).total_s
     assert pause > 1.0
     assert jobs["a"].migrations == 1
-    assert jobs["a"].end_time == pytest.approx(5_000 * model.checkpoint_slowdown(shape) + pause)
+    assert jobs["a"].end_time == pytest.approx(5_000 + pause + 2 * model.checkpoint_stall_s(shape))
 
 
 def test_without_a_model_nothing_changes(small_clos):

@@ -198,9 +198,41 @@ def test_cli_generate_and_validate(tmp_path):
     (["--profile", "acme-kalos", "--days", "0"], "days must be > 0"),
     (["--profile", "acme-kalos", "--days", "-2"], "days must be > 0"),
     (["--profile", "acme-kalos", "--days", "1", "--scale", "0"], "scale must be > 0"),
+    (["--profile", "acme-kalos", "--days", "1", "--outcomes", "maybe"], "outcomes must be one of"),
 ])
 def test_cli_bad_arguments(tmp_path, args, message):
     result = runner.invoke(_cli(), ["workload", "generate", *args, "--out", str(tmp_path / "x.csv")])
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
     assert not (tmp_path / "x.csv").exists()
+
+
+@pytest.mark.parametrize("profile", ["acme-kalos", "acme-seren"])
+def test_would_be_outcomes_change_only_failed_and_cancelled_jobs(profile):
+    days = 10 if profile == "acme-kalos" else 1
+    rec, wb = generate(profile, days, seed=5), generate(profile, days, seed=5, outcomes="would-be")
+    assert len(rec) == len(wb)
+    changed = 0
+    for r, w in zip(rec, wb):
+        assert w.final_status == FinalStatus.COMPLETED
+        assert (r.job_id, r.submit_time, r.gpus, r.job_class, r.user, r.vc, r.model, r.preemptible, r.priority,
+                r.announce_time) == (w.job_id, w.submit_time, w.gpus, w.job_class, w.user, w.vc, w.model,
+                                     w.preemptible, w.priority, w.announce_time)
+        if r.final_status == FinalStatus.COMPLETED:
+            assert r.duration == w.duration
+        else:
+            assert w.duration >= r.duration
+            changed += w.duration > r.duration
+    assert changed > 0.8 * sum(r.final_status != FinalStatus.COMPLETED for r in rec)
+    assert generate(profile, days, seed=5, outcomes="would-be") == wb
+    with pytest.raises(LoomInputError) as err:
+        generate(profile, 1, outcomes="would be")
+    assert err.value.field == "outcomes"
+
+
+def test_cli_generate_would_be(tmp_path):
+    out = tmp_path / "wb.csv"
+    result = runner.invoke(_cli(), ["workload", "generate", "--profile", "acme-kalos", "--days", "2", "--seed", "1",
+                                    "--outcomes", "would-be", "--out", str(out)], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert list(load_trace(f"csv:{out}", cache=False)) == generate("acme-kalos", 2, seed=1, outcomes="would-be")

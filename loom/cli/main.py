@@ -55,6 +55,12 @@ def simulate(
     round_interval: float = typer.Option(None, help="Also run a scheduling round every S seconds."),
     decision_log: bool = typer.Option(None, "--decision-log/--no-decision-log", help="Write decisions.jsonl."),
     report: bool = typer.Option(None, "--report/--no-report", help="Write report.html."),
+    failures: str = typer.Option(None, help="Node failures: infinitehbd (the real fault trace), rate:R "
+                                 "(per node per day) or a fault-trace JSON; turns on checkpoints and recovery."),
+    checkpoint: str = typer.Option(None, help="Periodic checkpoints: async or sync (prices interruptions)."),
+    checkpoint_interval: str = typer.Option(None, help="Checkpoint interval, e.g. 30m, 1h, 900 (seconds)."),
+    recovery: str = typer.Option(None, help="Replacement of failed nodes: topology, naive or policy."),
+    spares: int = typer.Option(None, help="Hot spare nodes per minipod (only preemptible jobs run there)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Replay a trace on a cluster with a policy and a placer; write metrics to --out."""
@@ -64,7 +70,10 @@ def simulate(
     cfg = load_config(config, {
         "trace": trace, "cluster": cluster, "policy": policy, "placer": placer, "speed_model": speed_model, "seed": seed,
         "outputs.dir": str(out) if out else None, "limit_jobs": limit, "round_interval_s": round_interval,
-        "outputs.decision_log": decision_log, "outputs.report": report,
+        "outputs.decision_log": decision_log, "outputs.report": report, "failures_from": failures,
+        "interruptions.checkpoint_mode": checkpoint,
+        "interruptions.checkpoint_interval_s": parse_duration(checkpoint_interval, "--checkpoint-interval"),
+        "recovery.replacement": recovery, "recovery.spares_per_minipod": spares,
     })
     if quiet:
         outputs = run(cfg)
@@ -82,11 +91,33 @@ def simulate(
     _print_summary(outputs.summary, outputs.out_dir)
 
 
+def parse_duration(text: str | None, flag: str) -> float | None:
+    """Seconds from '90', '90s', '30m', '2h' or '1d' (None stays None)."""
+    from loom.errors import LoomInputError
+
+    if text is None:
+        return None
+    units = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+    raw = text.strip().lower()
+    scale = units.get(raw[-1:], None)
+    number = raw[:-1] if scale is not None else raw
+    try:
+        value = float(number) * (scale or 1.0)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise LoomInputError(f"'{text}' is not a positive duration (e.g. 900, 30m, 2h, 1d)", field=flag)
+    return value
+
+
 def _print_summary(stats: dict[str, Any], out_dir: Path) -> None:
     table = Table(title="summary", show_header=False)
     for key in ("jobs", "finished", "rejected", "unfinished", "avg_jct_s", "p50_jct_s", "p99_jct_s",
                 "avg_queue_s", "p99_queue_s", "makespan_s", "gpu_utilization", "preemptions",
-                "sim_wall_s", "events_per_s", "decision_ms_median", "decision_ms_p99"):
+                "sim_wall_s", "events_per_s", "decision_ms_median", "decision_ms_p99", "goodput_fraction",
+                "gpu_hours_lost_to_failures", "gpu_hours_checkpointing", "recoveries", "recovery_s_median"):
+        if key not in stats or stats[key] is None:
+            continue
         value = stats[key]
         table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else f"{value:,}")
     console.print(table)

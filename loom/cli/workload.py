@@ -41,9 +41,13 @@ def _print_validation(rows: list[dict[str, Any]], title: str) -> None:
 def generate_cmd(
     profile: str = typer.Option(..., "--profile", "-p", help="Workload profile: acme-kalos or acme-seren."),
     days: float = typer.Option(..., "--days", "-d", help="Length of the trace in days (> 0)."),
-    out: Path = typer.Option(..., "--out", "-o", help="CSV file to write (generic `csv` trace format)."),
+    out: Path = typer.Option(..., "--out", "-o", help="CSV file to write (generic `csv` trace format)."),  # noqa: B008
     seed: int = typer.Option(0, "--seed", "-s", help="Random seed; the same seed gives the same trace."),
     scale: float = typer.Option(1.0, "--scale", help="Multiply the arrival rate (jobs per day) by F."),
+    outcomes: str = typer.Option("recorded", "--outcomes",
+                                 help="recorded: failed/cancelled jobs end early (as logged); would-be: every "
+                                      "job runs its full would-be time and is completed (inject failures "
+                                      "with loom.workload.job_failures)."),
     validate: bool = typer.Option(False, "--validate", help="Also print generated vs published statistics."),
     as_json: bool = typer.Option(False, "--json", help="With --validate: print the rows as JSON."),
 ) -> None:
@@ -54,7 +58,7 @@ def generate_cmd(
 
     prof = get_profile(profile)
     started = time.perf_counter()
-    specs = generate(prof, days, seed, scale)
+    specs = generate(prof, days, seed, scale, outcomes=outcomes)
     elapsed = time.perf_counter() - started
     path = write_csv(specs, out)
     rows = validate_rows(specs, prof, days) if validate else None

@@ -48,6 +48,7 @@ class SchedulingContext:
     releases: ReleaseIndex = field(default_factory=ReleaseIndex)
     now: float = 0.0
     next_reservation_id: int = 0
+    spare_reservation: int | None = None  # hot spares: only preemptible jobs may use them
 
     def expected_end(self, job: Job) -> float:
         """When a running job is expected to end, by the runtime estimate."""
@@ -58,7 +59,13 @@ class SchedulingContext:
         return self.now + left / job.rate
 
     def reservation_for(self, job_id: str) -> int | None:
+        """The reservation whose nodes `job_id` may use besides unreserved ones (hot spares
+        for a preemptible job without a reservation of its own)."""
         for rid, res in self.reservations.items():
             if res.for_job == job_id:
                 return rid
+        if self.spare_reservation is not None:
+            job = self.pending.get(job_id) or self.running.get(job_id)
+            if job is not None and job.spec.preemptible:
+                return self.spare_reservation
         return None

@@ -47,7 +47,8 @@ def job_records(result: SimulationResult) -> pl.DataFrame:
     return frame.with_columns(**{k: pl.Series(v, dtype=pl.Int32) for k, v in span_cols.items()})
 
 
-from loom.report.energy import energy  # noqa: E402
+from loom.report.energy import energy
+from loom.report.reliability import reliability
 
 
 def summary(result: SimulationResult) -> dict[str, float | int]:
@@ -80,6 +81,7 @@ def summary(result: SimulationResult) -> dict[str, float | int]:
         "events_per_s": result.events / result.sim_wall_s if result.sim_wall_s > 0 else 0.0,
         **decision_latency(result),
         **energy(result),
+        **reliability(result),
     }
 
 

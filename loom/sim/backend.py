@@ -68,17 +68,13 @@ class SimBackend:
         primitive = "start" if job.first_start is None else "resume"
         if job.first_start is None:
             job.first_start = now
-        pause_s, divisor = 0.0, 1.0
-        if self.interruptions is not None:
-            pause_s, divisor = self.interruptions.on_run(job, d.allocation, now, primitive)
-        self._run_on(job, d.allocation, now, pause_s, divisor)
+        self._run_on(job, d.allocation, now, primitive=primitive)
         for rid in [r.reservation_id for r in self.ctx.reservations.values() if r.for_job == job.job_id]:
             self.apply([Release(rid, f"job {job.job_id} started: its reservation is used up")], now)
 
     def _preempt(self, d: Preempt, now: float) -> None:
         job = self._job(d.job_id, JobState.RUNNING)
-        if self.interruptions is not None:
-            self.interruptions.on_preempt(job, job.allocation, now, now - job.last_start)  # type: ignore[arg-type, operator]
+        self._end_segment(job, now, "preempt")
         self.stop(job, now)
         job.preemptions += 1
         job.state = JobState.PENDING
@@ -89,6 +85,7 @@ class SimBackend:
         if isinstance(d, Migrate) and d.allocation.total != job.allocation.total:  # type: ignore[union-attr]
             raise DecisionError(f"migrate of '{job.job_id}' changes its GPU count; use Resize")
         self._settle(job, now)
+        self._end_segment(job, now, "move")
         before = job.allocation
         self.state.release(before)  # type: ignore[arg-type]
         self.state.allocate(d.allocation)
@@ -99,12 +96,7 @@ class SimBackend:
             job.migrations += 1
         if d.pause_s < 0:
             raise DecisionError(f"negative pause for '{job.job_id}'")
-        pause_s, divisor = d.pause_s, 1.0
-        if self.interruptions is not None:
-            self.interruptions.on_stop(job, before, now, now - job.last_start)  # type: ignore[arg-type, operator]
-            primitive = "resize" if isinstance(d, Resize) else "migrate"
-            pause_s, divisor = self.interruptions.on_run(job, d.allocation, now, primitive, before)
-        self._run_on(job, d.allocation, now, pause_s, divisor)
+        self._run_on(job, d.allocation, now, d.pause_s, "resize" if isinstance(d, Resize) else "migrate", before)
 
     def _reserve(self, d: Reserve, now: float) -> None:
         if d.reservation_id in self.ctx.reservations:
@@ -126,11 +118,16 @@ class SimBackend:
         self.events.push(d.at, EventKind.TIMER, ("wake", None))
 
     # ------------------------------------------------------------ progress
-    def _run_on(self, job: Job, alloc: Allocation, now: float, pause_s: float = 0.0, divisor: float = 1.0) -> None:
+    def _run_on(self, job: Job, alloc: Allocation, now: float, pause_s: float = 0.0, primitive: str | None = None,
+                before: Allocation | None = None) -> None:
+        """Run `job` on `alloc` from `now`. With an interruption model the `primitive` that put it
+        there (start, resume, migrate, resize) is priced by it and `pause_s` is ignored."""
         rate = self.speed.rate(job, alloc, self.ctx.topology)
         if not rate > 0:
             raise DecisionError(f"speed model gave rate {rate} for job '{job.job_id}'")
-        rate /= divisor  # periodic checkpoint stalls, time-slicing overhead
+        if self.interruptions is not None and primitive is not None:
+            pause_s, divisor = self.interruptions.on_run(job, alloc, now, primitive, rate, before)
+            rate /= divisor  # time-slicing overhead
         job.remaining += rate * pause_s  # a pause costs as much work as it lasts, on the GPUs held
         job.allocation = alloc
         job.rate = rate
@@ -158,19 +155,22 @@ class SimBackend:
         job.rate = 0.0
         job.finish_version += 1
 
+    def _end_segment(self, job: Job, now: float, cause: str) -> None:
+        """Settle the job's checkpoint timeline: refund pause and stalls not reached, add back
+        the progress a failure lost (interruption model only)."""
+        if self.interruptions is None:
+            return
+        self._settle(job, now)
+        unspent = self.interruptions.end_segment(job, now, cause)
+        job.remaining = max(0.0, job.remaining - job.rate * unspent)
+
     def fail(self, job: Job, now: float) -> None:
         """A failure took the job down: it loses the work since its last durable checkpoint."""
-        if self.interruptions is not None:
-            lost_s = self.interruptions.on_failure(job, job.allocation, now, now - job.last_start)  # type: ignore[arg-type, operator]
-            rate = job.rate
-            self.stop(job, now)
-            job.remaining += lost_s * rate
-        else:
-            self.stop(job, now)
+        self._end_segment(job, now, "failure")
+        self.stop(job, now)
 
     def finish(self, job: Job, now: float) -> None:
-        if self.interruptions is not None:
-            self.interruptions.on_stop(job, job.allocation, now, now - job.last_start)  # type: ignore[arg-type, operator]
+        self._end_segment(job, now, "finish")
         self._settle(job, now)
         job.remaining = 0.0
         self.state.release(job.allocation)  # type: ignore[arg-type]

@@ -24,6 +24,7 @@ from loom.sim.backend import SimBackend
 from loom.sim.events import EventKind, EventQueue, NodeFailure
 from loom.sim.health import NodeHealth
 from loom.sim.interruptions import Interruptions, InterruptionTotals
+from loom.sim.recovery import Recovery, RecoveryConfig, RecoveryRecord
 from loom.sim.speed import TraceDurationSpeed
 from loom.workload.job import JobSpec
 
@@ -52,6 +53,7 @@ class SimulationResult:
     round_queue: list[int] = field(default_factory=list)
     # GPU-seconds spent on pauses, checkpoints and lost work (None: interruptions not priced)
     interruptions: InterruptionTotals | None = None
+    recoveries: list[RecoveryRecord] = field(default_factory=list)  # one per job hit by a failure
 
 
 class Simulation:
@@ -68,6 +70,7 @@ class Simulation:
         runtime_estimate: Callable[[Job], float] = oracle_runtime,
         log_decisions: bool = True,
         interruptions: InterruptionModel | None = None,
+        recovery: RecoveryConfig | None = None,
     ) -> None:
         self.topology = topology
         self.policy = policy
@@ -90,6 +93,10 @@ class Simulation:
         bind = getattr(speed, "bind", None)
         if bind is not None:  # optional hook: models that read the live context (interference)
             bind(self.ctx)
+        self.recovery = None
+        if recovery is not None:
+            self.recovery = Recovery(recovery, self.ctx,
+                                     lambda at, payload: self.events.push(at, EventKind.TIMER, payload))
         self.rejected: dict[str, str] = {}
         self._capacity: dict[tuple[str | None, ...], int] = {}
         self.health = NodeHealth(topology.node_gpus.tolist())
@@ -174,6 +181,7 @@ class Simulation:
             failed_gpu_seconds=self.health.failed_gpu_seconds(start_time, end_time),
             round_seconds=round_seconds, round_queue=round_queue,
             interruptions=self.interruptions.totals if self.interruptions is not None else None,
+            recoveries=self.recovery.records if self.recovery is not None else [],
             start_time=start_time, end_time=end_time,
             rejected=self.rejected,
         )
@@ -210,7 +218,10 @@ class Simulation:
         elif kind == EventKind.NODE_FAILURE:
             node, repair_after = payload  # type: ignore[misc]
             if not self.health.is_down(node):
-                self._evict_all(node, now)
+                if self.recovery is not None:
+                    self.recovery.node_failed(node, now, lambda job: self.backend.fail(job, now))
+                else:
+                    self._evict_all(node, now)
                 self.ctx.state.fail_node(node)
             repair_at = self.health.fail(node, now, repair_after)
             if repair_at is not None:
@@ -218,10 +229,14 @@ class Simulation:
         elif kind == EventKind.NODE_REPAIR:
             if self.health.repair(payload, now):  # type: ignore[arg-type]
                 self.ctx.state.repair_node(payload)  # type: ignore[arg-type]
+                if self.recovery is not None:
+                    self.recovery.node_repaired(payload)  # type: ignore[arg-type]
         elif kind == EventKind.TIMER:
             action, rid = payload  # type: ignore[misc]
             if action == "expire" and rid in self.ctx.reservations:
                 self.backend.apply([Release(rid, "reservation reached its end time")], now)
+            elif action == "recover" and self.recovery is not None:
+                self.recovery.ready(rid, now, lambda decisions: self.backend.apply(decisions, now))
 
     def _evict_all(self, node: int, now: float) -> None:
         """Every job on a failing node goes back to the queue (progress kept)."""

@@ -1,5 +1,5 @@
 """Prices the simulator's interruptions with `loom.perf.interruptions` and keeps
-each job's checkpoint clock, so lost work and overheads are exact.
+each job's checkpoint timeline, so lost work and overheads are exact.
 
 Rules (the simulated backend applies them to every policy's decisions alike):
 
@@ -10,18 +10,26 @@ Rules (the simulated backend applies them to every policy's decisions alike):
   it restarts from its last periodic checkpoint. A **migrate** or **resize**
   pays save-where-it-was plus load-where-it-goes; the policy's own `pause_s` is
   then ignored (the cost model is the authority).
-* **Periodic checkpoints** every `checkpoint_interval_s` of progress stall the
-  job for `checkpoint_stall_s` (sync: snapshot + upload; async: snapshot), so
-  it progresses at 1 / slowdown of its speed-model rate.
+* **Periodic checkpoints**: after every `checkpoint_interval_s` of progress the
+  job stalls for `checkpoint_stall_s` (sync: snapshot + upload; async:
+  snapshot); none at the very end, so jobs shorter than the interval never
+  checkpoint. On a run segment the timeline is
+
+      pause | interval | stall | interval | stall | … | last partial interval
+
+  and the stalls still ahead are charged up front as work and refunded when
+  the segment ends early (preemption, migration, failure).
 * **Time-slicing**: a job that runs without a plan of its own on fewer GPUs than
   it asked for keeps its logical world size and pays `time_slice_overhead` on
   top of the N× slowdown the speed model already gives.
-* **Unplanned failure**: the work since the last *durable* checkpoint is lost —
-  with async checkpoints the newest one counts only once its upload finished.
+* **Unplanned failure**: the progress since the last *durable* checkpoint is
+  lost (a checkpoint cut off by the failure does not count; with async
+  checkpoints the newest one counts only once its upload has finished).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from loom.core.jobs import Job
@@ -30,13 +38,14 @@ from loom.perf.interruptions import InterruptionModel, JobShape, Phases
 
 
 @dataclass
-class JobClock:
-    """Where a job is in its checkpoint cycle on its current allocation."""
+class Segment:
+    """A job's checkpoint timeline on its current allocation."""
 
-    progress_from: float  # wall time the job starts progressing (after its pause)
-    period_s: float  # wall seconds per checkpoint cycle: interval + stall
-    persist_s: float  # upload time of one checkpoint (async: in the background)
-    owed: Phases | None = None  # a preemption's save, charged at resume
+    progress_from: float  # wall time the pause ends and progress starts
+    stall_s: float  # one periodic checkpoint's stall
+    checkpoints: int  # stalls charged for this segment
+    persist_s: float  # upload of one checkpoint (in the background when async)
+    gpus: int
 
 
 @dataclass
@@ -46,13 +55,13 @@ class InterruptionTotals:
     paused_gpu_s: float = 0.0  # save / load / rendezvous of preempt, migrate, resize, restart
     checkpoint_gpu_s: float = 0.0  # periodic checkpoint stalls
     lost_gpu_s: float = 0.0  # progress redone after failures
-    time_slice_gpu_s: float = 0.0  # overhead of squeezed ranks beyond the N× slowdown
 
 
 class Interruptions:
     def __init__(self, model: InterruptionModel) -> None:
         self.model = model
-        self.clocks: dict[int, JobClock] = {}
+        self.interval = model.costs.checkpoint_interval_s
+        self.segments: dict[int, Segment] = {}
         self.owed: dict[int, Phases] = {}
         self.totals = InterruptionTotals()
         self.pauses: dict[int, list[tuple[float, str, Phases]]] = {}  # job key → (time, primitive, phases)
@@ -61,11 +70,12 @@ class Interruptions:
         return self.model.shape(job.spec, allocation.total, len(allocation.nodes), job.plan)
 
     # -- when a job gets GPUs ------------------------------------------------------
-    def on_run(self, job: Job, allocation: Allocation, now: float, primitive: str,
+    def on_run(self, job: Job, allocation: Allocation, now: float, primitive: str, rate: float,
                before: Allocation | None = None) -> tuple[float, float]:
-        """(pause seconds, rate divisor) for `job` starting to run on `allocation`.
+        """(extra wall seconds of no progress — pause plus checkpoint stalls ahead —, rate
+        divisor) for `job` starting to run on `allocation` at speed-model `rate`.
 
-        `primitive`: start | resume | restart (after a failure) | migrate | resize."""
+        `primitive`: start | resume (after a preemption or a failure) | migrate | resize."""
         after = self.shape(job, allocation)
         if primitive == "start":
             phases = Phases()
@@ -75,57 +85,57 @@ class Interruptions:
         else:
             phases = self.model.load(after)
             owed = self.owed.pop(job.key, None)
-            if owed is not None and primitive == "resume":
+            if owed is not None:
                 phases = owed + phases
+        divisor = self._time_slice(job, allocation)
+        progress_s = job.remaining * divisor / rate  # wall seconds of progress left
+        checkpoints = max(0, math.ceil(progress_s / self.interval) - 1)
         stall = self.model.checkpoint_stall_s(after)
-        interval = self.model.costs.checkpoint_interval_s
-        slowdown = (interval + stall) / interval
-        divisor = slowdown * self._time_slice(job, allocation)
-        self.clocks[job.key] = JobClock(now + phases.total_s, interval + stall, self.model.persist_s(after))
+        self.segments[job.key] = Segment(now + phases.total_s, stall, checkpoints, self.model.persist_s(after),
+                                         allocation.total)
         if phases.total_s > 0:
             self.pauses.setdefault(job.key, []).append((now, primitive, phases))
             self.totals.paused_gpu_s += phases.total_s * allocation.total
-        return phases.total_s, divisor
+        return phases.total_s + checkpoints * stall, divisor
 
     def _time_slice(self, job: Job, allocation: Allocation) -> float:
         if job.plan is not None or allocation.total >= job.spec.gpus:
             return 1.0
         return 1.0 + self.model.costs.time_slice_overhead
 
-    # -- when a job stops ------------------------------------------------------------
-    def on_preempt(self, job: Job, allocation: Allocation, now: float, ran_s: float) -> None:
-        self._account(job, allocation, now, ran_s)
-        self.owed[job.key] = self.model.save(self.shape(job, allocation))
-        self.clocks.pop(job.key, None)
-
-    def on_stop(self, job: Job, allocation: Allocation, now: float, ran_s: float) -> None:
-        """A finish, or the old allocation of a migrate/resize: account its run."""
-        self._account(job, allocation, now, ran_s)
-        self.clocks.pop(job.key, None)
-
-    def on_failure(self, job: Job, allocation: Allocation, now: float, ran_s: float) -> float:
-        """Wall seconds of progress lost (since the last durable checkpoint); the caller
-        turns them into work at the job's rate."""
-        self._account(job, allocation, now, ran_s)
-        clock = self.clocks.pop(job.key, None)
-        self.owed.pop(job.key, None)
-        if clock is None or now <= clock.progress_from:
+    # -- when a job's segment ends ----------------------------------------------------
+    def end_segment(self, job: Job, now: float, cause: str) -> float:
+        """Close the segment at `now`; returns the wall seconds of charged-but-not-spent
+        time (pause and stalls not reached) minus, for `cause` "failure", the progress lost.
+        The caller turns it into work at the job's rate: remaining −= rate × returned."""
+        seg = self.segments.pop(job.key, None)
+        if cause == "failure":
+            self.owed.pop(job.key, None)
+        if seg is None:
             return 0.0
-        elapsed = now - clock.progress_from
-        cycles, into = divmod(elapsed, clock.period_s)
-        lost = into
-        if self.model.costs.checkpoint_mode == "async" and cycles >= 1 and into < clock.persist_s:
-            lost += clock.period_s  # the newest checkpoint was still uploading
-        lost = min(lost, elapsed)
-        self.totals.lost_gpu_s += lost * allocation.total
-        return lost
+        unspent_pause = max(0.0, seg.progress_from - now)
+        elapsed = max(0.0, now - seg.progress_from)
+        period = self.interval + seg.stall_s
+        cycles, into = divmod(elapsed, period)
+        cycles = int(cycles)
+        if cycles >= seg.checkpoints:  # past the last checkpoint: plain progress to the end
+            cycles, into = seg.checkpoints, elapsed - seg.checkpoints * period
+        stalled = cycles * seg.stall_s + (min(seg.stall_s, into - self.interval) if into > self.interval
+                                          and cycles < seg.checkpoints else 0.0)
+        self.totals.checkpoint_gpu_s += stalled * seg.gpus
+        if cause == "preempt":
+            self.owed[job.key] = self.model.save(self.shape(job, job.allocation))  # type: ignore[arg-type]
+        refund = unspent_pause + seg.checkpoints * seg.stall_s - stalled
+        if cause != "failure":
+            return refund
+        lost = self._lost(seg, cycles, into)
+        self.totals.lost_gpu_s += lost * seg.gpus
+        # the checkpoint stall interrupted by the failure is spent, but its progress is not saved
+        return refund - lost
 
-    def _account(self, job: Job, allocation: Allocation, now: float, ran_s: float) -> None:
-        """Checkpoint-stall GPU-seconds of the last `ran_s` seconds on `allocation`."""
-        clock = self.clocks.get(job.key)
-        if clock is None or ran_s <= 0:
-            return
-        progressing = max(0.0, min(ran_s, now - clock.progress_from))
-        interval = self.model.costs.checkpoint_interval_s
-        stall_share = (clock.period_s - interval) / clock.period_s
-        self.totals.checkpoint_gpu_s += progressing * stall_share * allocation.total
+    def _lost(self, seg: Segment, cycles: int, into: float) -> float:
+        """Wall seconds of progress since the last durable checkpoint."""
+        lost = min(into, self.interval)
+        if cycles >= 1 and self.model.costs.checkpoint_mode == "async" and into < seg.persist_s:
+            lost += self.interval  # the newest checkpoint was still uploading
+        return lost

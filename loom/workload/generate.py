@@ -14,7 +14,11 @@ The model (parameters and targets with provenance: `loom/workload/data/profiles.
 * **Durations** — the *would-be* run time is log-normal per class (capped at the
   published maximum). A job fails or is cancelled with the class's probabilities;
   then it runs only a Beta-distributed fraction of its would-be time (failures
-  mostly early); `final_status` is set accordingly.
+  mostly early); `final_status` is set accordingly. With `outcomes="would-be"` every
+  job keeps its would-be run time and is COMPLETED, so that failures can come from
+  `loom.workload.job_failures` instead (the draws are the same; only those two columns
+  change, and evaluation batches still follow the recorded pretraining run times so
+  that submit times, GPUs and every other column are identical to "recorded").
 * **Evaluation batches** — every `interval_s` of each pretraining job's run (the
   job is assumed to start on submission) a batch of 10–50 evaluation jobs may be
   submitted for that checkpoint (same user, VC and model); each batch job replaces
@@ -66,7 +70,11 @@ def _arrivals(rng: np.random.Generator, prof: Profile, days: float, scale: float
 
 
 def _sample(rng: np.random.Generator, cm: ClassModel, n: int, max_run: float) -> dict[str, np.ndarray]:
-    """GPUs, would-be and actual durations, status codes (0 ok, 1 failed, 2 cancelled), preemptible."""
+    """GPUs, would-be and actual durations, status codes (0 ok, 1 failed, 2 cancelled), preemptible.
+
+    `would` is kept next to `duration` so `generate(outcomes="would-be")` can use it without
+    changing a single draw (the Beta fractions are still drawn, then ignored).
+    """
     gpus = rng.choice(cm.gpu_sizes, size=n, p=cm.gpu_probs)
     would = np.minimum(np.exp(np.log(cm.median_s) + cm.sigma * rng.standard_normal(n)), max_run)
     u = rng.random(n)
@@ -76,7 +84,7 @@ def _sample(rng: np.random.Generator, cm: ClassModel, n: int, max_run: float) ->
         mask = status == code
         frac[mask] = rng.beta(a, b, int(mask.sum()))
     duration = np.maximum(1.0, np.round(would * frac, 3))
-    return {"gpus": gpus, "duration": duration, "status": status,
+    return {"gpus": gpus, "duration": duration, "status": status, "would": np.maximum(1.0, np.round(would, 3)),
             "preemptible": rng.random(n) < cm.preemptible}
 
 
@@ -100,13 +108,24 @@ def _model_for(prof: Profile, rng: np.random.Generator, gpus: np.ndarray) -> lis
     return out
 
 
-def generate(profile: str | Profile, days: float, seed: int = 0, scale: float = 1.0) -> list[JobSpec]:
+OUTCOMES = ("recorded", "would-be")
+
+
+def generate(profile: str | Profile, days: float, seed: int = 0, scale: float = 1.0,
+             outcomes: str = "recorded") -> list[JobSpec]:
     """A synthetic trace of `days` days for `profile` (e.g. "acme-kalos"), sorted by submit time.
 
     `scale` multiplies the arrival rate (job count per day); per-job distributions are unchanged.
+    `outcomes`: "recorded" (default) gives failed / cancelled jobs their shortened run time and
+    status, as a scheduler log would; "would-be" gives every job its would-be run time and
+    status COMPLETED — the input for injected failures (`loom.workload.job_failures`), which
+    would otherwise be counted twice. Both use the same random draws in the same order.
     """
     prof = get_profile(profile) if isinstance(profile, str) else profile
     _check_args(days, scale)
+    if outcomes not in OUTCOMES:
+        raise LoomInputError(f"outcomes must be one of {', '.join(OUTCOMES)}, got {outcomes!r}",
+                             field="outcomes")
     rng = np.random.default_rng(seed)
     horizon = days * DAY
     max_run = prof.max_run_s
@@ -116,14 +135,15 @@ def generate(profile: str | Profile, days: float, seed: int = 0, scale: float = 
     cls_idx = rng.choice(len(prof.classes), size=len(times), p=shares / shares.sum())
 
     # column accumulators (one block per class, then the evaluation batches)
-    cols: dict[str, list[Any]] = {k: [] for k in ("submit", "gpus", "duration", "status", "preemptible", "cls",
+    cols: dict[str, list[Any]] = {k: [] for k in ("submit", "gpus", "duration", "would", "status", "preemptible",
+                                                   "cls",
                                                    "vc", "user", "model", "announce", "priority")}
 
     def add(submit: np.ndarray, cm: ClassModel, s: dict[str, np.ndarray], vc: np.ndarray, user: np.ndarray,
             model: list[str | None], announce: np.ndarray | None) -> None:
         n = len(submit)
         cols["submit"].append(submit)
-        for k in ("gpus", "duration", "status", "preemptible"):
+        for k in ("gpus", "duration", "would", "status", "preemptible"):
             cols[k].append(s[k])
         cols["cls"].append(np.full(n, prof.classes.index(cm)))
         cols["vc"].append(vc)
@@ -191,6 +211,9 @@ def generate(profile: str | Profile, days: float, seed: int = 0, scale: float = 
     submit = np.round(arr["submit"], 3)
     order = np.argsort(submit, kind="stable")
     announce = np.round(arr["announce"], 3)
+    if outcomes == "would-be":  # after every draw: evaluation batches above used the recorded run times
+        arr["duration"] = arr["would"]
+        arr["status"] = np.zeros_like(arr["status"])
 
     classes = [c.job_class for c in prof.classes]
     vc_names = prof.vc_names

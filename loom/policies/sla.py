@@ -1,0 +1,321 @@
+"""SLA tiers (Singularity, seed 004; DESIGN.md §6): every job is preemptible and
+resizable, and a job's tier says how much of its request it is guaranteed.
+
+Rules as built here
+-------------------
+* **Tiers.** `premium`, `standard`, `basic` guarantee a fraction of the job's
+  requested GPUs: by default 1.0, 0.5 and 0.0 (best effort). A job's tier comes
+  from `tier_by`: `priority` (default: ≥ 2 premium, 1 standard, ≤ 0 basic),
+  `job_class` or `vc`; `tiers_map` maps values of that field to tiers (for
+  `priority` its keys are priorities and override the thresholds); unmapped
+  values get `default_tier`.
+* **Sizes.** A job never runs below `min_devices` of its plan (its own, else
+  `default_plan(request)`: ZeRO shards and model-parallel shards need their own
+  device, Singularity §5.4). Valid sizes are the multiples of that minimum up to
+  the request, plus the request; resizing keeps the logical world size (fewer
+  GPUs = time-slicing, proportionally slower). A tier's guarantee in GPUs is
+  the smallest valid size ≥ fraction × request (0 when the fraction is 0).
+* **Step 1, guarantees.** Pending jobs in tier order (premium → standard →
+  basic), FIFO within a tier, start at their request if it fits, else at the
+  largest valid size ≥ their guarantee that fits. A job with a guarantee that
+  still does not fit takes GPUs from running jobs of *strictly lower* tiers
+  only, in this order, youngest first within each: shrink basic jobs (down to
+  their minimum size), preempt basic jobs, shrink standard jobs (down to their
+  guarantee), preempt standard jobs — one victim at a time, each shrunk only as
+  far as needed, until the job places. If even all of that would not make room,
+  nobody is touched. Premium jobs are never shrunk or preempted.
+* **Step 2, growth.** Leftover GPUs go, in tier order and FIFO, to running jobs
+  below their request (Resize up to the largest valid size that places) and to
+  pending jobs (request if it fits, else the largest valid size ≥ their
+  minimum start size).
+* **Anti-thrashing.** A job is grown at most once per `min_resize_interval_s`
+  after its last start or resize (a `Timer` brings the next round); shrinking
+  for a higher tier is never delayed.
+
+Parameters: `premium`, `standard`, `basic` (fractions in [0, 1]), `tier_by`,
+`tiers_map`, `default_tier`, `min_resize_interval_s` (≥ 0, default 300),
+`pause_s` (≥ 0, default 0: the resize pause when the engine prices no
+interruptions).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from loom.core.context import SchedulingContext
+from loom.core.decisions import Decision, Preempt, Resize, Timer
+from loom.core.jobs import Job
+from loom.core.plan import ParallelPlan
+from loom.core.protocols import POLICIES
+from loom.core.round import RoundPlan
+from loom.errors import LoomInputError
+from loom.hardware.state import Allocation
+from loom.perf.interruptions import InterruptionModel, default_plan
+from loom.policies.elasticflow import FIELD, check_number, place_on
+from loom.workload.job import JobSpec
+
+TIERS = ("premium", "standard", "basic")  # highest first: a tier's rank is its index
+TIER_BY = ("priority", "job_class", "vc")
+_MODEL = InterruptionModel()
+
+
+def min_devices(spec: JobSpec, plan: ParallelPlan | None = None) -> int:
+    """Fewest devices the job can be time-sliced onto (never more than its request)."""
+    return max(1, min(spec.gpus, _MODEL.min_devices(plan or default_plan(spec.gpus))))
+
+
+def valid_sizes(spec: JobSpec, plan: ParallelPlan | None = None) -> list[int]:
+    """Multiples of the minimum size up to the request, plus the request; ascending."""
+    step = min_devices(spec, plan)
+    return sorted({*range(step, spec.gpus + 1, step), spec.gpus})
+
+
+@dataclass(frozen=True)
+class TierRule:
+    """Which tier a job is in and how many GPUs that guarantees it."""
+
+    fractions: Mapping[str, float] = field(default_factory=lambda: {"premium": 1.0, "standard": 0.5, "basic": 0.0})
+    tier_by: str = "priority"
+    tiers_map: Mapping[Any, str] | None = None
+    default_tier: str = "basic"
+
+    def __post_init__(self) -> None:
+        for tier in TIERS:
+            check_number(self.fractions.get(tier), tier, low=0, high=1)
+        if self.tier_by not in TIER_BY:
+            raise LoomInputError(f"must be one of {', '.join(TIER_BY)}, got {self.tier_by!r}",
+                                 field=f"{FIELD}.tier_by")
+        if self.default_tier not in TIERS:
+            raise LoomInputError(f"must be one of {', '.join(TIERS)}, got {self.default_tier!r}",
+                                 field=f"{FIELD}.default_tier")
+        if self.tiers_map is not None:
+            if not isinstance(self.tiers_map, Mapping):
+                raise LoomInputError(f"must be a mapping of values to tiers, got {self.tiers_map!r}",
+                                     field=f"{FIELD}.tiers_map")
+            for key, tier in self.tiers_map.items():
+                if tier not in TIERS:
+                    raise LoomInputError(f"must be one of {', '.join(TIERS)}, got {tier!r}",
+                                         field=f"{FIELD}.tiers_map.{key}")
+
+    def tier(self, spec: JobSpec) -> str:
+        mapping = self.tiers_map or {}
+        if self.tier_by == "priority":
+            p = spec.priority
+            if p in mapping or str(p) in mapping:
+                return mapping.get(p) or mapping[str(p)]
+            return "premium" if p >= 2 else "standard" if p == 1 else "basic"
+        value = spec.job_class.value if self.tier_by == "job_class" else spec.vc
+        return mapping.get(value, self.default_tier)
+
+    def rank(self, spec: JobSpec) -> int:
+        return TIERS.index(self.tier(spec))
+
+    def guarantee(self, spec: JobSpec, plan: ParallelPlan | None = None) -> int:
+        """GPUs the job's tier guarantees: the smallest valid size ≥ fraction × request."""
+        want = self.fractions[self.tier(spec)] * spec.gpus
+        if want <= 0:
+            return 0
+        need = math.ceil(want - 1e-9)
+        return next(s for s in valid_sizes(spec, plan) if s >= need)
+
+
+@POLICIES.register("sla")
+class SlaTiers:
+    name = "sla"
+
+    def __init__(self, premium: float = 1.0, standard: float = 0.5, basic: float = 0.0,
+                 tier_by: str = "priority", tiers_map: Mapping[Any, str] | None = None,
+                 default_tier: str = "basic", min_resize_interval_s: float = 300.0, pause_s: float = 0.0) -> None:
+        fractions = {"premium": premium, "standard": standard, "basic": basic}
+        self.rule = TierRule(fractions, tier_by, dict(tiers_map) if isinstance(tiers_map, Mapping) else tiers_map,
+                             default_tier)
+        self.min_resize_interval_s = float(check_number(min_resize_interval_s, "min_resize_interval_s", low=0))
+        self.pause_s = float(check_number(pause_s, "pause_s", low=0))
+        self.last_change: dict[str, float] = {}  # job → time of its last start/resume/resize by this policy
+        self._timers: set[float] = set()
+
+    # -- per-job facts ----------------------------------------------------------------
+    def tier(self, job: Job) -> str:
+        return self.rule.tier(job.spec)
+
+    def guarantee(self, job: Job) -> int:
+        return self.rule.guarantee(job.spec, job.plan)
+
+    def floor(self, job: Job) -> int:
+        """The smallest size a running job may be shrunk to (its guarantee, at least its minimum)."""
+        return max(self.guarantee(job), min_devices(job.spec, job.plan))
+
+    def _order(self, jobs: Iterable[Job]) -> list[Job]:
+        return sorted(jobs, key=lambda j: (self.rule.rank(j.spec), j.key))
+
+    # -- the round ----------------------------------------------------------------------
+    def schedule(self, ctx: SchedulingContext) -> list[Decision]:
+        self._timers = {t for t in self._timers if t > ctx.now}
+        live = ctx.running.keys() | ctx.pending.keys()
+        for gone in [jid for jid in self.last_change if jid not in live]:
+            del self.last_change[gone]
+        if not ctx.pending and all(j.allocation.total >= j.gpus for j in ctx.running.values()):  # type: ignore[union-attr]
+            return []
+        r = _Round(self, ctx)
+        for job in self._order(ctx.pending.values()):
+            r.start_guaranteed(job)
+        for job in self._order([*ctx.running.values(), *ctx.pending.values()]):
+            r.grow(job)
+        for jid in r.touched:
+            self.last_change[jid] = ctx.now
+        wake = min(r.deferred, default=None)
+        if wake is not None and wake not in self._timers:
+            self._timers.add(wake)
+            r.plan.decisions.append(Timer(wake, "sla: a shrunk job may grow again then"))
+        return r.plan.decisions
+
+
+class _Round:
+    """One scheduling call: the RoundPlan plus which job holds what so far."""
+
+    def __init__(self, policy: SlaTiers, ctx: SchedulingContext) -> None:
+        self.p = policy
+        self.ctx = ctx
+        self.plan = RoundPlan(ctx)
+        self.held: dict[str, Allocation] = {j.job_id: j.allocation for j in ctx.running.values()}  # type: ignore[misc]
+        self.touched: set[str] = set()
+        self.deferred: list[float] = []
+
+    # -- step 1 -------------------------------------------------------------------------
+    def start_guaranteed(self, job: Job) -> None:
+        g = self.p.guarantee(job)
+        if g == 0:
+            return  # best effort: step 2
+        if self._start_fitting(self.plan, job, g, job.gpus):
+            return
+        victims = self._victims(job)
+        if self.plan.view.free_total + sum(give for _, _, give in victims) < g:
+            return  # even taking everything allowed would not make room: touch nobody
+        trial = self.plan.fork()
+        moves: dict[str, Allocation | None] = {}
+        for victim, to, _ in victims:
+            if not self._take(trial, victim, to, g, moves):
+                continue
+            if self._start_fitting(trial, job, g, job.gpus, moves):
+                self._adopt(trial, moves)
+                return
+
+    def _victims(self, job: Job) -> list[tuple[Job, int, int]]:
+        """(victim, size it goes to, GPUs freed) in taking order; only strictly lower tiers."""
+        rank = self.p.rule.rank(job.spec)
+        out: list[tuple[Job, int, int]] = []
+        for tier in reversed(TIERS[rank + 1:]):  # basic first, then standard
+            running = [v for v in self.ctx.running.values() if v.job_id in self.held and self.p.tier(v) == tier]
+            running.sort(key=lambda v: (-(v.last_start or 0.0), -v.key))  # youngest first
+            for v in running:
+                have, low = self.held[v.job_id].total, self.p.floor(v)
+                if have > low:
+                    out.append((v, low, have - low))
+            out.extend((v, 0, low) for v in running for low in [min(self.held[v.job_id].total, self.p.floor(v))])
+        return out
+
+    def _take(self, trial: RoundPlan, victim: Job, to: int, g: int, moves: dict[str, Allocation | None]) -> bool:
+        """Shrink (`to` > 0, only as far as needed) or preempt a victim on the trial plan."""
+        old = moves.get(victim.job_id, self.held[victim.job_id])
+        if old is None:
+            return False
+        who = f"{self.p.tier(victim)} job {victim.job_id}"
+        if to == 0:  # a shrink of the same victim in this trial is dropped: it goes at once
+            trial.decisions = [d for d in trial.decisions if not (isinstance(d, Resize) and d.job_id == victim.job_id)]
+            trial.state.release(old)
+            trial.decisions.append(Preempt(victim.job_id, f"sla: preempt {who} ({self.held[victim.job_id].total} "
+                                                          f"GPUs) to keep a higher tier's guarantee"))
+            moves[victim.job_id] = None
+            return True
+        need = g - trial.view.free_total
+        sizes = [s for s in valid_sizes(victim.spec, victim.plan) if to <= s < old.total]
+        size = max((s for s in sizes if old.total - s >= need), default=to)
+        new = self._resize_alloc(trial, victim, old, size)
+        if new is None:
+            return False
+        trial.decisions.append(Resize(victim.job_id, new, f"sla: shrink {who} {old.total}→{new.total} GPUs to "
+                                      f"keep a higher tier's guarantee", None, self.p.pause_s))
+        moves[victim.job_id] = new
+        return True
+
+    def _adopt(self, trial: RoundPlan, moves: dict[str, Allocation | None]) -> None:
+        """Keep the trial's changes: its state, its decisions (with the beneficiary named)."""
+        job, alloc = trial.started[-1]
+        who = f"{self.p.tier(job)} job {job.job_id}'s guarantee ({self.p.guarantee(job)} GPUs)"
+        for d in trial.decisions:
+            reason = d.reason.replace("a higher tier's guarantee", who)  # type: ignore[union-attr]
+            self.plan.decisions.append(replace(d, reason=reason))  # type: ignore[type-var]
+        self.plan._state = trial.state  # adopt the fork of this very plan
+        self.plan.started.extend(trial.started)
+        for jid, new in moves.items():
+            if new is None:
+                self.held.pop(jid, None)
+            else:
+                self.held[jid] = new
+            self.touched.add(jid)
+        self.held[job.job_id] = alloc
+        self.touched.add(job.job_id)
+
+    # -- step 2 -------------------------------------------------------------------------
+    def grow(self, job: Job) -> None:
+        if job.job_id in self.touched:
+            return
+        old = self.held.get(job.job_id)
+        if old is None:
+            if job.job_id in self.ctx.pending:
+                low = max(self.p.guarantee(job), min_devices(job.spec, job.plan))
+                if self._start_fitting(self.plan, job, low, job.gpus):
+                    self.touched.add(job.job_id)
+            return
+        if old.total >= job.gpus:
+            return
+        room = self.plan.view.free_total + old.total
+        sizes = [s for s in valid_sizes(job.spec, job.plan) if old.total < s <= room]
+        since = self.p.last_change.get(job.job_id)
+        if sizes and since is not None and self.ctx.now - since < self.p.min_resize_interval_s:
+            self.deferred.append(since + self.p.min_resize_interval_s)
+            return
+        for size in reversed(sizes):
+            new = self._resize_alloc(self.plan, job, old, size)
+            if new is not None:
+                self.plan.decisions.append(Resize(
+                    job.job_id, new, f"sla: grow {self.p.tier(job)} job {job.job_id} {old.total}→{size} GPUs "
+                    f"(request {job.gpus}) with leftover GPUs", None, self.p.pause_s))
+                self.held[job.job_id] = new
+                self.touched.add(job.job_id)
+                return
+
+    # -- placement helpers -----------------------------------------------------------------
+    def _start_fitting(self, plan: RoundPlan, job: Job, low: int, high: int,
+                       moves: dict[str, Allocation | None] | None = None) -> bool:
+        """Start `job` at the largest valid size in [low, high] that places."""
+        free = plan.view.free_total
+        for size in reversed([s for s in valid_sizes(job.spec, job.plan) if low <= s <= min(high, free)]):
+            alloc = place_on(plan, job, size, None)
+            if alloc is not None:
+                g = self.p.guarantee(job)
+                plan.start(job, alloc, f"sla: start {self.p.tier(job)} job {job.job_id} at {size}/{job.gpus} GPUs "
+                                       f"(guarantee {g})")
+                if moves is None:
+                    self.held[job.job_id] = alloc
+                    self.touched.add(job.job_id)
+                return True
+        return False
+
+    @staticmethod
+    def _resize_alloc(plan: RoundPlan, job: Job, old: Allocation, size: int) -> Allocation | None:
+        """Release `old` and place `size` GPUs (in place when shrinking); restore `old` on failure."""
+        state = plan.state
+        state.release(old)
+        new = place_on(plan, job, size, None, within=old.nodes) if size < old.total else None
+        new = new or place_on(plan, job, size, None)
+        state.allocate(new or old)
+        return new
+
+
+def tier_rule_of(source: SlaTiers | TierRule) -> TierRule:
+    return source.rule if isinstance(source, SlaTiers) else source
+

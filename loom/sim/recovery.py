@@ -1,0 +1,224 @@
+"""Recovery of jobs hit by node failures (Acme §6.1, Arnold Appendix B).
+
+Pipeline for every job running on a node that fails:
+
+1. **Detect** (`detection_s`: the job's processes die, heartbeats stop),
+   **diagnose** (`diagnosis_s`: log rules, then retrieval over past failures),
+   **localise** the faulty node (`localisation_rounds` × `localisation_round_s`:
+   two rounds of pairwise all-gather tests — pairs first, suspects re-paired
+   with healthy nodes). Meanwhile the job holds its surviving nodes (idle).
+2. **Replace** each failed node (`loom.placement.replacement`): `topology`
+   keeps the job's alignment (same leaf / minipod as the failed node),
+   `naive` takes the first free node of the type; `policy` releases the
+   survivors at once and leaves the job to the scheduling policy.
+3. **Restart** from the last checkpoint on survivors + replacements (a
+   `Resume`; its cost and the work lost are priced by the interruption model
+   when the simulation has one). With no replacement the survivors are
+   released and the job goes to the *front* of the queue.
+
+**Hot spares** (`spares_per_minipod` = k): the k last nodes of every minipod
+are held back; only preemptible jobs may run there (they are preempted when a
+spare is needed). A spare taken for a recovery joins the job for good, and the
+failed node it replaced becomes a spare when repaired, so each minipod keeps
+k spares.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from loom.core.context import SchedulingContext
+from loom.core.decisions import Preempt, Resume
+from loom.core.jobs import Job, JobState
+from loom.errors import LoomInputError
+from loom.hardware.state import NO_RESERVATION, Allocation
+from loom.placement.replacement import replacements
+
+SPARES = 1 << 30  # reservation id of the hot spares
+REPLACEMENTS = ("topology", "naive", "policy")
+
+
+@dataclass(frozen=True)
+class RecoveryConfig:
+    detection_s: float = 60.0
+    diagnosis_s: float = 120.0
+    localisation_round_s: float = 60.0
+    localisation_rounds: int = 2
+    replacement: str = "topology"
+    spares_per_minipod: int = 0
+
+    def __post_init__(self) -> None:
+        if self.replacement not in REPLACEMENTS:
+            raise LoomInputError(f"must be one of {', '.join(REPLACEMENTS)}, got {self.replacement!r}",
+                                 field="recovery.replacement")
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "replacement":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
+                raise LoomInputError(f"must be a finite number ≥ 0, got {value!r}", field=f"recovery.{f.name}")
+        if not isinstance(self.spares_per_minipod, int) or not isinstance(self.localisation_rounds, int):
+            raise LoomInputError("must be an integer", field="recovery.spares_per_minipod")
+
+    @property
+    def delay_s(self) -> float:
+        return self.detection_s + self.diagnosis_s + self.localisation_rounds * self.localisation_round_s
+
+
+@dataclass
+class RecoveryRecord:
+    """One job's recovery from one failure, for reports."""
+
+    job_id: str
+    failed_at: float
+    failed_nodes: tuple[str, ...]
+    minipods_before: int
+    restarted_at: float | None = None  # None: handed back to the policy
+    minipods_after: int | None = None
+    replaced: tuple[tuple[str, str], ...] = ()  # (failed node, replacement)
+    used_spares: int = 0
+    held_gpu_s: float = 0.0  # surviving GPUs held idle while it recovered
+
+
+@dataclass
+class _Waiting:
+    job: Job
+    keep: Allocation | None  # surviving nodes, held while it recovers
+    lost: dict[int, int]  # failed node → GPUs it held
+    record: RecoveryRecord = field(repr=False, default=None)  # type: ignore[assignment]
+
+
+class Recovery:
+    def __init__(self, config: RecoveryConfig, ctx: SchedulingContext,
+                 push_timer: Callable[[float, tuple[str, int]], None]) -> None:
+        self.config = config
+        self.ctx = ctx
+        self.topology = ctx.topology
+        self.push_timer = push_timer
+        self.waiting: dict[int, _Waiting] = {}
+        self.records: list[RecoveryRecord] = []
+        self.spares: set[int] = set()
+        self._refill: set[int] = set()  # failed nodes that become spares when repaired
+        if config.spares_per_minipod:
+            self._choose_spares(config.spares_per_minipod)
+
+    # -- spares -------------------------------------------------------------------
+    def _minipod(self, node: int) -> int:
+        return int(self.topology.switch_of[self.topology.minipod_tier, node])
+
+    def _choose_spares(self, per_minipod: int) -> None:
+        pods = self.topology.switch_of[self.topology.minipod_tier]
+        for pod in np.unique(pods).tolist():
+            self.spares.update(np.flatnonzero(pods == pod)[-per_minipod:].tolist())
+        self.ctx.state.reserve(sorted(self.spares), SPARES)
+        self.ctx.spare_reservation = SPARES
+
+    def _take_spare(self, node: int, failed: int) -> None:
+        """`node` joins a job for good; the `failed` node it replaces becomes a spare once repaired."""
+        self.spares.discard(node)
+        self.ctx.state.reserve([node], NO_RESERVATION)
+        self._refill.add(failed)
+        self.node_repaired(failed)
+
+    def node_repaired(self, node: int) -> None:
+        """A repaired node whose place a spare took becomes a spare (when nothing runs on it)."""
+        state = self.ctx.state
+        if node in self._refill and not state.failed[node] and state.free[node] == self.topology.node_gpus[node]:
+            self._refill.discard(node)
+            self.spares.add(node)
+            state.reserve([node], SPARES)
+
+    # -- failures -----------------------------------------------------------------
+    def node_failed(self, node: int, now: float, fail_job: Callable[[Job], None]) -> None:
+        """Take every job off `node`: running ones start recovering, recovering ones lose the node."""
+        for wait in self.waiting.values():
+            if wait.keep is not None and node in wait.keep.nodes:
+                self._drop_survivor(wait, node)
+        victims = [j for j in self.ctx.running.values() if node in j.allocation.nodes]  # type: ignore[union-attr]
+        for job in victims:
+            self._start(job, node, now, fail_job)
+
+    def _drop_survivor(self, wait: _Waiting, node: int) -> None:
+        keep = wait.keep
+        assert keep is not None
+        i = keep.nodes.index(node)
+        self.ctx.state.release(Allocation((node,), (keep.gpus[i],)))
+        wait.lost[node] = keep.gpus[i]
+        rest = [(n, g) for n, g in zip(keep.nodes, keep.gpus) if n != node]
+        wait.keep = Allocation(tuple(n for n, _ in rest), tuple(g for _, g in rest)) if rest else None
+        wait.record.failed_nodes += (self.topology.node_names[node],)
+
+    def _start(self, job: Job, node: int, now: float, fail_job: Callable[[Job], None]) -> None:
+        alloc = job.allocation
+        assert alloc is not None
+        fail_job(job)  # takes it off all its GPUs and prices the lost work
+        job.failures += 1
+        job.state = JobState.PENDING
+        lost = {node: alloc.gpus[alloc.nodes.index(node)]}
+        rest = [(n, g) for n, g in zip(alloc.nodes, alloc.gpus) if n != node]
+        keep = None
+        if rest and self.config.replacement != "policy":
+            keep = Allocation(tuple(n for n, _ in rest), tuple(g for _, g in rest))
+            self.ctx.state.allocate(keep)
+        record = RecoveryRecord(job.job_id, now, (self.topology.node_names[node],), self._spread(alloc.nodes))
+        self.records.append(record)
+        self.waiting[job.key] = _Waiting(job, keep, lost, record)
+        self.push_timer(now + self.config.delay_s, ("recover", job.key))
+
+    def _spread(self, nodes: tuple[int, ...]) -> int:
+        return len(set(self.topology.switch_of[self.topology.minipod_tier, list(nodes)].tolist()))
+
+    # -- restart --------------------------------------------------------------------
+    def ready(self, key: int, now: float, apply: Callable[[list], None]) -> None:
+        """The pipeline finished for job `key`: restart it on replacements or hand it back."""
+        wait = self.waiting.pop(key, None)
+        if wait is None:
+            return
+        job, keep = wait.job, wait.keep
+        chosen = None
+        if self.config.replacement != "policy":
+            chosen = replacements(self.ctx.state, keep.nodes if keep else (), wait.lost, self.config.replacement,
+                                  frozenset(self.spares), self._spare_load())
+        if keep is not None:
+            self.ctx.state.release(keep)
+            wait.record.held_gpu_s = keep.total * (now - wait.record.failed_at)
+        if chosen is None:
+            self._requeue_first(job)
+            return
+        squatters = [j for j in list(self.ctx.running.values())
+                     if set(j.allocation.nodes) & set(chosen.values())]  # type: ignore[union-attr]
+        apply([Preempt(j.job_id, f"recovery of {job.job_id}: its hot spare is needed") for j in squatters])
+        for failed, new in chosen.items():
+            if new in self.spares:
+                self._take_spare(new, failed)
+                wait.record.used_spares += 1
+        nodes = list(keep.nodes if keep else ()) + [chosen[f] for f in sorted(wait.lost)]
+        gpus = list(keep.gpus if keep else ()) + [wait.lost[f] for f in sorted(wait.lost)]
+        alloc = Allocation(tuple(nodes), tuple(gpus))
+        names = self.topology.node_names
+        wait.record.replaced = tuple((names[f], names[chosen[f]]) for f in sorted(wait.lost))
+        wait.record.restarted_at = now
+        wait.record.minipods_after = self._spread(alloc.nodes)
+        self.ctx.pending[job.job_id] = job
+        swaps = ", ".join(f"{a}→{b}" for a, b in wait.record.replaced)
+        apply([Resume(job.job_id, alloc, f"recovered after {now - wait.record.failed_at:.0f}s: "
+                                         f"{self.config.replacement} replacement {swaps}", job.plan)])
+
+    def _spare_load(self) -> dict[int, int]:
+        """GPUs preemptible jobs hold on spare nodes (they give them up for a recovery)."""
+        load: dict[int, int] = {}
+        for job in self.ctx.running.values():
+            for n, g in zip(job.allocation.nodes, job.allocation.gpus):  # type: ignore[union-attr]
+                if n in self.spares:
+                    load[n] = load.get(n, 0) + g
+        return load
+
+    def _requeue_first(self, job: Job) -> None:
+        pending = self.ctx.pending
+        rest = dict(pending)
+        pending.clear()
+        pending[job.job_id] = job
+        pending.update(rest)
