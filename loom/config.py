@@ -50,6 +50,9 @@ class SimConfig(_Strict):
     # node failures from a source: "infinitehbd" (the real fault trace), "rate:R" (per node per
     # day) or a fault-trace JSON path, over the trace's span; turns interruptions and recovery on
     failures_from: str | None = None
+    # job-level failures (Acme taxonomy) injected into jobs that did not fail in the trace:
+    # "acme" (scheduler-calibrated) or "acme-log" (§5 log sample); turns interruptions and recovery on
+    job_failures: str | None = None
     # interruption costs (loom.perf.interruptions.InterruptionCosts fields); {} = defaults, null = off
     interruptions: dict[str, Any] | None = None
     # failure recovery (loom.sim.recovery.RecoveryConfig fields); {} = defaults, null = off

@@ -80,7 +80,7 @@ def build_simulation(config: SimConfig) -> Simulation:
     if config.limit_jobs:
         specs = specs[: config.limit_jobs]
     failures = [NodeFailure(f.node, f.at, f.repair_after) for f in config.failures]
-    on_by_failures = {} if config.failures_from else None
+    on_by_failures = {} if (config.failures_from or config.job_failures) else None
     interruptions = _section(InterruptionCosts, config.interruptions, on_by_failures, "interruptions")
     recovery = _section(RecoveryConfig, config.recovery, on_by_failures, "recovery")
     if config.failures_from:
@@ -96,7 +96,20 @@ def build_simulation(config: SimConfig) -> Simulation:
         log_decisions=config.outputs.decision_log,
         interruptions=InterruptionModel(interruptions) if interruptions is not None else None,
         recovery=recovery,
+        job_failures=job_failure_plans(config.job_failures, specs, config.seed),
     )
+
+
+def job_failure_plans(kind: str | None, specs: list[Any], seed: int) -> Any:
+    """Failure plans for the trace's jobs from the Acme taxonomy (None: no injected failures)."""
+    if kind is None:
+        return None
+    from loom.workload.job_failures import AcmeFailureModel, sample_failures
+
+    models = {"acme": AcmeFailureModel, "acme-log": AcmeFailureModel.log_sample}
+    if kind not in models:
+        raise LoomInputError(f"must be one of {', '.join(models)}, got {kind!r}", field="job_failures")
+    return sample_failures(specs, models[kind](), seed)
 
 
 def _section(kind: type, given: dict[str, Any] | None, default: dict[str, Any] | None, field: str) -> Any:

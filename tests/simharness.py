@@ -267,6 +267,9 @@ def check_accounting(ctx: SchedulingContext, jobs: list[Job]) -> None:
         else:
             assert where == (False, False), f"{job} {job.state.name} but still queued/running"
     used = np.zeros(topo.num_nodes, dtype=np.int64)
+    for held in ctx.held.values():  # survivors of jobs in failure recovery
+        for node, gpus in zip(held.nodes, held.gpus):
+            used[node] += gpus
     for job in ctx.running.values():
         alloc = job.allocation
         assert alloc is not None and alloc.total == job.gpus
@@ -337,14 +340,14 @@ class Run:
     sim: Simulation
 
 
-def simulate(sc: Scenario, wrap=None) -> Run:
+def simulate(sc: Scenario, wrap=None, **sim_kwargs) -> Run:
     policy = POLICIES.get(sc.policy)()
     if sc.chaos_seed is not None:
         policy = ChaosPolicy(policy, sc.chaos_seed, p_preempt=sc.chaos_p_preempt, timer=sc.chaos_timer)
     if wrap is not None:
         policy = wrap(policy)
     audit = AuditPolicy(policy)
-    sim = Simulation(sc.topology, sc.specs, audit, PLACERS.get(sc.placer)(), failures=sc.failures)
+    sim = Simulation(sc.topology, sc.specs, audit, PLACERS.get(sc.placer)(), failures=sc.failures, **sim_kwargs)
     audit.jobs = sim.jobs
     result = sim.run()
     check_accounting(sim.ctx, sim.jobs)  # and once more after the last event

@@ -6,15 +6,20 @@ from __future__ import annotations
 import math
 
 import pytest
-
 from conftest import job
+from test_engine import Scripted
+
 from loom.core.decisions import Migrate, Preempt
+from loom.core.jobs import JobState
 from loom.core.protocols import PLACERS, POLICIES
+from loom.errors import LoomInputError
 from loom.hardware.state import Allocation
 from loom.perf.interruptions import InterruptionCosts, InterruptionModel
+from loom.report.metrics import summary
 from loom.sim.engine import Simulation
 from loom.sim.events import NodeFailure
-from test_engine import Scripted
+from loom.sim.recovery import RecoveryConfig
+from loom.workload.job_failures import FailurePlan
 
 
 def run(topo, specs, model, policy=None, **kw):
@@ -98,3 +103,59 @@ def test_without_a_model_nothing_changes(small_clos):
     result = sim.run()
     assert result.jobs[0].end_time == 1_000
     assert result.interruptions is None
+
+
+# -- job-level failures (Acme taxonomy) ------------------------------------------------------
+
+
+def plans(job_id, *items):
+    return {job_id: [FailurePlan(job_id, kind, at) for kind, at in items]}
+
+
+def test_a_script_error_ends_the_job_for_good_at_its_progress_point(small_clos):
+    sim = Simulation(small_clos, [job("a", 10.0, 8, 1_000)], POLICIES.get("fcfs")(), PLACERS.get("best-fit")(),
+                     job_failures=plans("a", ("script", 120.0)))
+    result = sim.run()
+    (a,) = result.jobs
+    assert a.state is JobState.FAILED and a.end_time == pytest.approx(130.0)
+    assert "script error" in a.reason
+    assert summary(result)["failed"] == 1 and summary(result)["finished"] == 0
+
+
+def test_a_hang_is_noticed_by_the_watchdog_and_restarted_in_place(small_clos):
+    model = InterruptionModel(InterruptionCosts(checkpoint_interval_s=1_000.0))
+    spec = job("a", 0.0, 8, 5_000)
+    sim = Simulation(small_clos, [spec], POLICIES.get("fcfs")(), PLACERS.get("best-fit")(), interruptions=model,
+                     job_failures=plans("a", ("hang", 2_500.0)), hang_watchdog_s=600.0)
+    result = sim.run()
+    (a,) = result.jobs
+    shape = shape_of(model, spec)
+    stall = model.checkpoint_stall_s(shape)
+    hang_at = 2_500.0 + 2 * stall  # two checkpoints (after 1,000 and 2,000 s of progress) on the way
+    cycles, into = divmod(hang_at, 1_000.0 + stall)
+    kept = cycles * 1_000.0 - (1_000.0 if into < model.persist_s(shape) else 0.0)
+    left = 5_000.0 - kept
+    restart = hang_at + 600.0 + model.load(shape).total_s
+    assert a.failures == 1 and a.state is JobState.FINISHED
+    assert a.allocation.nodes == (0,)  # restarted where it was
+    assert a.end_time == pytest.approx(restart + left + (math.ceil(left / 1_000.0) - 1) * stall)
+
+
+def test_an_infrastructure_failure_takes_a_node_down_and_recovery_restarts_the_job(small_clos):
+    spec = job("a", 0.0, 16, 5_000)
+    sim = Simulation(small_clos, [spec], POLICIES.get("fcfs")(), PLACERS.get("best-fit")(),
+                     interruptions=InterruptionModel(), recovery=RecoveryConfig(),
+                     job_failures=plans("a", ("infrastructure", 1_000.0)), infra_repair_s=3_600.0)
+    result = sim.run()
+    (a,) = result.jobs
+    (rec,) = result.recoveries
+    assert a.failures == 1 and a.state is JobState.FINISHED
+    assert rec.failed_at == pytest.approx(1_000.0) and rec.restarted_at == pytest.approx(1_000.0 + 300.0)
+    assert rec.minipods_after == 1
+    assert result.interruptions.lost_gpu_s == pytest.approx(1_000.0 * 16)  # no checkpoint before it
+
+
+def test_plans_for_unknown_jobs_are_refused(small_clos):
+    with pytest.raises(LoomInputError, match="unknown job"):
+        Simulation(small_clos, [job("a", 0.0, 8, 10)], POLICIES.get("fcfs")(), PLACERS.get("best-fit")(),
+                   job_failures=plans("zzz", ("script", 1.0)))

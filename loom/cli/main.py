@@ -57,6 +57,8 @@ def simulate(
     report: bool = typer.Option(None, "--report/--no-report", help="Write report.html."),
     failures: str = typer.Option(None, help="Node failures: infinitehbd (the real fault trace), rate:R "
                                  "(per node per day) or a fault-trace JSON; turns on checkpoints and recovery."),
+    job_failures: str = typer.Option(None, help="Job-level failures from the Acme taxonomy: acme or acme-log "
+                                     "(only into jobs the trace did not record as failed)."),
     checkpoint: str = typer.Option(None, help="Periodic checkpoints: async or sync (prices interruptions)."),
     checkpoint_interval: str = typer.Option(None, help="Checkpoint interval, e.g. 30m, 1h, 900 (seconds)."),
     recovery: str = typer.Option(None, help="Replacement of failed nodes: topology, naive or policy."),
@@ -70,7 +72,7 @@ def simulate(
     cfg = load_config(config, {
         "trace": trace, "cluster": cluster, "policy": policy, "placer": placer, "speed_model": speed_model, "seed": seed,
         "outputs.dir": str(out) if out else None, "limit_jobs": limit, "round_interval_s": round_interval,
-        "outputs.decision_log": decision_log, "outputs.report": report, "failures_from": failures,
+        "outputs.decision_log": decision_log, "outputs.report": report, "failures_from": failures, "job_failures": job_failures,
         "interruptions.checkpoint_mode": checkpoint,
         "interruptions.checkpoint_interval_s": parse_duration(checkpoint_interval, "--checkpoint-interval"),
         "recovery.replacement": recovery, "recovery.spares_per_minipod": spares,
@@ -114,7 +116,7 @@ def _print_summary(stats: dict[str, Any], out_dir: Path) -> None:
     table = Table(title="summary", show_header=False)
     for key in ("jobs", "finished", "rejected", "unfinished", "avg_jct_s", "p50_jct_s", "p99_jct_s",
                 "avg_queue_s", "p99_queue_s", "makespan_s", "gpu_utilization", "preemptions",
-                "sim_wall_s", "events_per_s", "decision_ms_median", "decision_ms_p99", "goodput_fraction",
+                "sim_wall_s", "events_per_s", "decision_ms_median", "decision_ms_p99", "failed", "goodput_fraction",
                 "gpu_hours_lost_to_failures", "gpu_hours_checkpointing", "recoveries", "recovery_s_median"):
         if key not in stats or stats[key] is None:
             continue

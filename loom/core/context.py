@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from loom.core.jobs import Job
 from loom.core.protocols import Placer
 from loom.core.releases import ReleaseIndex
-from loom.hardware.state import ClusterState
+from loom.hardware.state import Allocation, ClusterState
 from loom.hardware.topology import Topology
 
 
@@ -49,6 +49,7 @@ class SchedulingContext:
     now: float = 0.0
     next_reservation_id: int = 0
     spare_reservation: int | None = None  # hot spares: only preemptible jobs may use them
+    held: dict[str, Allocation] = field(default_factory=dict)  # recovering jobs' surviving GPUs (idle)
 
     def expected_end(self, job: Job) -> float:
         """When a running job is expected to end, by the runtime estimate."""

@@ -19,6 +19,8 @@ class JobState(IntEnum):
     RUNNING = 2
     FINISHED = 3
     REJECTED = 4  # can never run here (e.g. larger than the cluster)
+    FAILED = 5  # ended by a job-level error (script, framework): terminal
+    RECOVERING = 6  # hit by a failure, out of the queue while recovery runs (ctx.held: its survivors)
 
 
 class Job:

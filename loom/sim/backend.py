@@ -20,6 +20,7 @@ from loom.core.protocols import SpeedModel
 from loom.hardware.state import Allocation, ClusterState
 from loom.sim.events import EventKind, EventQueue
 from loom.sim.interruptions import Interruptions
+from loom.workload.job_failures import FailurePlan
 
 
 class DecisionError(RuntimeError):
@@ -31,6 +32,7 @@ class SimBackend:
                  log: list[tuple[float, Decision]] | None, interruptions: Interruptions | None = None) -> None:
         self.ctx = ctx
         self.interruptions = interruptions  # None: pauses are the policies' own (`pause_s`)
+        self.failure_plans: dict[int, list[FailurePlan]] = {}  # job key → job-level failures ahead
         self.state: ClusterState = ctx.state
         self.jobs = jobs
         self.speed = speed
@@ -119,15 +121,17 @@ class SimBackend:
 
     # ------------------------------------------------------------ progress
     def _run_on(self, job: Job, alloc: Allocation, now: float, pause_s: float = 0.0, primitive: str | None = None,
-                before: Allocation | None = None) -> None:
+                before: Allocation | None = None, hold_s: float = 0.0) -> None:
         """Run `job` on `alloc` from `now`. With an interruption model the `primitive` that put it
         there (start, resume, migrate, resize) is priced by it and `pause_s` is ignored."""
         rate = self.speed.rate(job, alloc, self.ctx.topology)
         if not rate > 0:
             raise DecisionError(f"speed model gave rate {rate} for job '{job.job_id}'")
         if self.interruptions is not None and primitive is not None:
-            pause_s, divisor = self.interruptions.on_run(job, alloc, now, primitive, rate, before)
+            pause_s, divisor = self.interruptions.on_run(job, alloc, now, primitive, rate, before, hold_s)
             rate /= divisor  # time-slicing overhead
+        if job.key in self.failure_plans:
+            self._plan_failure(job, now, rate, pause_s)
         job.remaining += rate * pause_s  # a pause costs as much work as it lasts, on the GPUs held
         job.allocation = alloc
         job.rate = rate
@@ -136,6 +140,37 @@ class SimBackend:
         job.finish_version += 1
         self.events.push(now + job.remaining / rate, EventKind.FINISH, (job.key, job.finish_version))
         self.ctx.releases.add(job.key, self.ctx.expected_end(job), alloc.total)
+
+    def _plan_failure(self, job: Job, now: float, rate: float, extra_s: float) -> None:
+        """Schedule the job's next job-level failure: when its progress reaches the plan's
+        threshold on this run segment (pause and checkpoint stalls on the way count as time)."""
+        plans = self.failure_plans[job.key]
+        if not plans:
+            return
+        done = (job.spec.duration or 0.0) - job.remaining  # `remaining` holds no charges yet
+        wall = max(0.0, plans[0].at_progress_s - done) / rate
+        at = now + extra_s + wall
+        if self.interruptions is not None:
+            seg = self.interruptions.segments.get(job.key)
+            if seg is not None:  # stalls are spread over the segment, the pause comes first
+                passed = min(seg.checkpoints, int(wall // self.interruptions.interval))
+                at = seg.progress_from + wall + passed * seg.stall_s
+        self.events.push(at, EventKind.JOB_FAILURE, (job.key, job.finish_version + 1))
+
+    def terminate(self, job: Job, now: float, reason: str) -> None:
+        """A job-level error ends the job for good (its GPU time so far is wasted)."""
+        self._end_segment(job, now, "failure")
+        self.stop(job, now)
+        job.state = JobState.FAILED
+        job.end_time = now
+        job.reason = reason
+
+    def hang(self, job: Job, now: float, watchdog_s: float) -> None:
+        """The job stopped progressing at `now`; the watchdog notices `watchdog_s` later and it
+        restarts in place from its last checkpoint (the GPUs stay held meanwhile)."""
+        self._end_segment(job, now, "failure")
+        self._settle(job, now)
+        self._run_on(job, job.allocation, now, watchdog_s, "resume", hold_s=watchdog_s)  # type: ignore[arg-type]
 
     def _settle(self, job: Job, now: float) -> None:
         """Bring `remaining` and GPU-seconds up to `now` before the rate or allocation changes."""

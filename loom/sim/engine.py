@@ -8,7 +8,7 @@ being pushed onto the heap, so the heap only holds what is in flight.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from heapq import heappop
 
@@ -27,6 +27,7 @@ from loom.sim.interruptions import Interruptions, InterruptionTotals
 from loom.sim.recovery import Recovery, RecoveryConfig, RecoveryRecord
 from loom.sim.speed import TraceDurationSpeed
 from loom.workload.job import JobSpec
+from loom.workload.job_failures import FailurePlan
 
 ProgressCallback = Callable[[float], None]
 FREES_CAPACITY = (Preempt, Release, Resize)
@@ -71,6 +72,9 @@ class Simulation:
         log_decisions: bool = True,
         interruptions: InterruptionModel | None = None,
         recovery: RecoveryConfig | None = None,
+        job_failures: Mapping[str, Sequence[FailurePlan]] | None = None,
+        hang_watchdog_s: float = 600.0,
+        infra_repair_s: float = 0.85 * 86400,
     ) -> None:
         self.topology = topology
         self.policy = policy
@@ -93,6 +97,13 @@ class Simulation:
         bind = getattr(speed, "bind", None)
         if bind is not None:  # optional hook: models that read the live context (interference)
             bind(self.ctx)
+        self.hang_watchdog_s = hang_watchdog_s
+        self.infra_repair_s = infra_repair_s
+        for job_id, plans in (job_failures or {}).items():
+            job = self.by_id.get(job_id)
+            if job is None:
+                raise LoomInputError(f"failure plan for unknown job '{job_id}'", field="job_failures")
+            self.backend.failure_plans[job.key] = sorted(plans, key=lambda p: p.at_progress_s)
         self.recovery = None
         if recovery is not None:
             self.recovery = Recovery(recovery, self.ctx,
@@ -231,12 +242,34 @@ class Simulation:
                 self.ctx.state.repair_node(payload)  # type: ignore[arg-type]
                 if self.recovery is not None:
                     self.recovery.node_repaired(payload)  # type: ignore[arg-type]
+        elif kind == EventKind.JOB_FAILURE:
+            self._job_failure(payload, now)  # type: ignore[arg-type]
         elif kind == EventKind.TIMER:
             action, rid = payload  # type: ignore[misc]
             if action == "expire" and rid in self.ctx.reservations:
                 self.backend.apply([Release(rid, "reservation reached its end time")], now)
             elif action == "recover" and self.recovery is not None:
                 self.recovery.ready(rid, now, lambda decisions: self.backend.apply(decisions, now))
+
+    def _job_failure(self, payload: tuple[int, int], now: float) -> None:
+        """Fire a job's next failure plan: script/framework errors end it, a hang restarts it in
+        place after the watchdog notices, an infrastructure fault takes one of its nodes down."""
+        job = self.jobs[payload[0]]
+        if job.finish_version != payload[1] or job.state is not JobState.RUNNING:
+            return  # stale: the job moved or stopped since the failure was planned
+        plan = self.backend.failure_plans[job.key].pop(0)
+        alloc = job.allocation
+        assert alloc is not None
+        if plan.kind == "hang":
+            job.failures += 1
+            self.backend.hang(job, now, self.hang_watchdog_s)
+        elif plan.kind == "infrastructure":
+            node = alloc.nodes[(job.key + job.failures) % len(alloc.nodes)]
+            self._handle(EventKind.NODE_FAILURE, (node, self.infra_repair_s), now)
+        else:
+            self.backend.terminate(job, now, f"{plan.kind} error after {plan.at_progress_s:.0f}s of progress")
+            if self.log is not None:
+                self.log.append((now, Preempt(job.job_id, f"failed: {job.reason}")))
 
     def _evict_all(self, node: int, now: float) -> None:
         """Every job on a failing node goes back to the queue (progress kept)."""

@@ -17,6 +17,7 @@ class EventKind(IntEnum):
     ARRIVAL = 4
     TIMER = 5
     ROUND = 6
+    JOB_FAILURE = 7  # a job-level failure plan fires (after a finish at the same instant)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +32,7 @@ class NodeFailure:
 class EventQueue:
     """Min-heap of (time, kind, seq, payload); seq keeps order deterministic."""
 
-    __slots__ = ("heap", "_seq")
+    __slots__ = ("_seq", "heap")
 
     def __init__(self) -> None:
         self.heap: list[tuple[float, int, int, Any]] = []

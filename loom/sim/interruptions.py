@@ -71,11 +71,12 @@ class Interruptions:
 
     # -- when a job gets GPUs ------------------------------------------------------
     def on_run(self, job: Job, allocation: Allocation, now: float, primitive: str, rate: float,
-               before: Allocation | None = None) -> tuple[float, float]:
+               before: Allocation | None = None, hold_s: float = 0.0) -> tuple[float, float]:
         """(extra wall seconds of no progress — pause plus checkpoint stalls ahead —, rate
         divisor) for `job` starting to run on `allocation` at speed-model `rate`.
 
-        `primitive`: start | resume (after a preemption or a failure) | migrate | resize."""
+        `primitive`: start | resume (after a preemption or a failure) | migrate | resize;
+        `hold_s`: idle time on the GPUs before the primitive starts (a hang's watchdog wait)."""
         after = self.shape(job, allocation)
         if primitive == "start":
             phases = Phases()
@@ -91,12 +92,13 @@ class Interruptions:
         progress_s = job.remaining * divisor / rate  # wall seconds of progress left
         checkpoints = max(0, math.ceil(progress_s / self.interval) - 1)
         stall = self.model.checkpoint_stall_s(after)
-        self.segments[job.key] = Segment(now + phases.total_s, stall, checkpoints, self.model.persist_s(after),
+        pause = hold_s + phases.total_s
+        self.segments[job.key] = Segment(now + pause, stall, checkpoints, self.model.persist_s(after),
                                          allocation.total)
-        if phases.total_s > 0:
+        if pause > 0:
             self.pauses.setdefault(job.key, []).append((now, primitive, phases))
-            self.totals.paused_gpu_s += phases.total_s * allocation.total
-        return phases.total_s + checkpoints * stall, divisor
+            self.totals.paused_gpu_s += pause * allocation.total
+        return pause + checkpoints * stall, divisor
 
     def _time_slice(self, job: Job, allocation: Allocation) -> float:
         if job.plan is not None or allocation.total >= job.spec.gpus:
@@ -114,6 +116,7 @@ class Interruptions:
         if seg is None:
             return 0.0
         unspent_pause = max(0.0, seg.progress_from - now)
+        self.totals.paused_gpu_s -= unspent_pause * seg.gpus  # charged up front, never spent
         elapsed = max(0.0, now - seg.progress_from)
         period = self.interval + seg.stall_s
         cycles, into = divmod(elapsed, period)

@@ -149,6 +149,10 @@ class Recovery:
         wait.lost[node] = keep.gpus[i]
         rest = [(n, g) for n, g in zip(keep.nodes, keep.gpus) if n != node]
         wait.keep = Allocation(tuple(n for n, _ in rest), tuple(g for _, g in rest)) if rest else None
+        if wait.keep is None:
+            self.ctx.held.pop(wait.job.job_id, None)
+        else:
+            self.ctx.held[wait.job.job_id] = wait.keep
         wait.record.failed_nodes += (self.topology.node_names[node],)
 
     def _start(self, job: Job, node: int, now: float, fail_job: Callable[[Job], None]) -> None:
@@ -156,13 +160,14 @@ class Recovery:
         assert alloc is not None
         fail_job(job)  # takes it off all its GPUs and prices the lost work
         job.failures += 1
-        job.state = JobState.PENDING
+        job.state = JobState.RECOVERING
         lost = {node: alloc.gpus[alloc.nodes.index(node)]}
         rest = [(n, g) for n, g in zip(alloc.nodes, alloc.gpus) if n != node]
         keep = None
         if rest and self.config.replacement != "policy":
             keep = Allocation(tuple(n for n, _ in rest), tuple(g for _, g in rest))
             self.ctx.state.allocate(keep)
+            self.ctx.held[job.job_id] = keep
         record = RecoveryRecord(job.job_id, now, (self.topology.node_names[node],), self._spread(alloc.nodes))
         self.records.append(record)
         self.waiting[job.key] = _Waiting(job, keep, lost, record)
@@ -182,8 +187,10 @@ class Recovery:
         if self.config.replacement != "policy":
             chosen = replacements(self.ctx.state, keep.nodes if keep else (), wait.lost, self.config.replacement,
                                   frozenset(self.spares), self._spare_load())
+        job.state = JobState.PENDING
         if keep is not None:
             self.ctx.state.release(keep)
+            del self.ctx.held[job.job_id]
             wait.record.held_gpu_s = keep.total * (now - wait.record.failed_at)
         if chosen is None:
             self._requeue_first(job)
