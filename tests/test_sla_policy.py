@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from conftest import job
 
@@ -170,3 +172,32 @@ def test_attainment_accepts_a_tier_rule_and_reports_empty_tiers(small_clos):
     r = rows(result, TierRule())
     assert r["basic"]["jobs"] == 1 and r["premium"] == {
         "tier": "premium", "fraction": 1.0, "jobs": 0, "attainment": None, "met_99": None, "held_share": None}
+
+
+# -- random scenarios: every decision the policy makes can be applied, in order ----------------
+from hypothesis import given
+from hypothesis import strategies as st
+from simharness import PROPERTY_SETTINGS, check_accounting, clusters, traces
+
+
+@st.composite
+def sla_scenarios(draw):
+    topo = draw(clusters(False))
+    specs = draw(traces(topo))
+    return topo, specs, draw(st.sampled_from(["priority", "job_class"]))
+
+
+@PROPERTY_SETTINGS
+@given(sla_scenarios())
+def test_random_surges_apply_cleanly_and_every_job_ends(case):
+    """Shrinks keep a subset of the job's own GPUs, so a round's decisions apply in any order
+    (a shrink once relied on GPUs freed by a later preemption of another victim)."""
+    from loom.perf.interruptions import InterruptionModel
+
+    topo, specs, tier_by = case
+    specs = [replace(s, job_class=JobClass.EVAL if s.priority >= 2 else JobClass.DEBUG) for s in specs]
+    policy = SlaTiers(tier_by=tier_by, tiers_map={"eval": "premium"} if tier_by == "job_class" else None)
+    sim = Simulation(topo, specs, policy, PLACERS.get("best-fit")(), interruptions=InterruptionModel())
+    result = sim.run()
+    check_accounting(sim.ctx, sim.jobs)
+    assert all(j.state in (JobState.FINISHED, JobState.REJECTED) for j in result.jobs)

@@ -62,6 +62,9 @@ TIER_BY = ("priority", "job_class", "vc")
 _MODEL = InterruptionModel()
 
 
+TIME_EPS = 1e-6  # a deferred growth is due at its time despite float rounding (else: a Timer at `now`)
+
+
 def min_devices(spec: JobSpec, plan: ParallelPlan | None = None) -> int:
     """Fewest devices the job can be time-sliced onto (never more than its request)."""
     return max(1, min(spec.gpus, _MODEL.min_devices(plan or default_plan(spec.gpus))))
@@ -275,7 +278,7 @@ class _Round:
         room = self.plan.view.free_total + old.total
         sizes = [s for s in valid_sizes(job.spec, job.plan) if old.total < s <= room]
         since = self.p.last_change.get(job.job_id)
-        if sizes and since is not None and self.ctx.now - since < self.p.min_resize_interval_s:
+        if sizes and since is not None and self.ctx.now < since + self.p.min_resize_interval_s - TIME_EPS:
             self.deferred.append(since + self.p.min_resize_interval_s)
             return
         for size in reversed(sizes):
@@ -307,13 +310,33 @@ class _Round:
 
     @staticmethod
     def _resize_alloc(plan: RoundPlan, job: Job, old: Allocation, size: int) -> Allocation | None:
-        """Release `old` and place `size` GPUs (in place when shrinking); restore `old` on failure."""
+        """A shrink keeps a subset of the GPUs it holds (never needs anyone else's, so the order
+        of this round's decisions cannot matter); a growth releases `old` and places `size`
+        GPUs, restoring `old` on failure."""
         state = plan.state
+        if size < old.total:
+            new = shrink_in_place(old, size)
+            state.release(old)
+            state.allocate(new)
+            return new
         state.release(old)
-        new = place_on(plan, job, size, None, within=old.nodes) if size < old.total else None
-        new = new or place_on(plan, job, size, None)
+        new = place_on(plan, job, size, None)
         state.allocate(new or old)
         return new
+
+
+def shrink_in_place(old: Allocation, size: int) -> Allocation:
+    """`size` of the GPUs in `old`, on as few of its nodes as possible (fullest first)."""
+    order = sorted(range(len(old.nodes)), key=lambda i: (-old.gpus[i], i))
+    nodes, gpus, left = [], [], size
+    for i in order:
+        if left <= 0:
+            break
+        take = min(left, old.gpus[i])
+        nodes.append(old.nodes[i])
+        gpus.append(take)
+        left -= take
+    return Allocation(tuple(nodes), tuple(gpus))
 
 
 def tier_rule_of(source: SlaTiers | TierRule) -> TierRule:

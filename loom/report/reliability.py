@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from loom.core.jobs import JobState
 from loom.sim.engine import SimulationResult
 
 HOUR = 3600.0
@@ -24,6 +25,9 @@ def reliability(result: SimulationResult) -> dict[str, float | int | None]:
             "gpu_hours_checkpointing": totals.checkpoint_gpu_s / HOUR,
             "gpu_hours_lost_to_failures": totals.lost_gpu_s / HOUR,
         })
+    failed = [j for j in result.jobs if j.state is JobState.FAILED]
+    if failed:
+        out["gpu_hours_in_failed_jobs"] = sum(j.gpu_seconds for j in failed) / HOUR
     records = result.recoveries
     if records:
         restarted = [r for r in records if r.restarted_at is not None]
@@ -41,6 +45,7 @@ def reliability(result: SimulationResult) -> dict[str, float | int | None]:
             "spares_used": sum(r.used_spares for r in records),
             "minipods_before_mean": float(before.mean()) if before.size else None,
             "minipods_after_mean": float(after.mean()) if after.size else None,
+            "recoveries_spread_grew_pct": float(100 * (after > before).mean()) if after.size else None,
             "recoveries_spread_grew": int((after > before).sum()),
         })
     return out

@@ -158,8 +158,8 @@ class SimBackend:
         self.events.push(at, EventKind.JOB_FAILURE, (job.key, job.finish_version + 1))
 
     def terminate(self, job: Job, now: float, reason: str) -> None:
-        """A job-level error ends the job for good (its GPU time so far is wasted)."""
-        self._end_segment(job, now, "failure")
+        """A job-level error ends the job for good (its GPU time so far is wasted; nothing is redone)."""
+        self._end_segment(job, now, "terminate")
         self.stop(job, now)
         job.state = JobState.FAILED
         job.end_time = now

@@ -107,11 +107,12 @@ class Interruptions:
 
     # -- when a job's segment ends ----------------------------------------------------
     def end_segment(self, job: Job, now: float, cause: str) -> float:
-        """Close the segment at `now`; returns the wall seconds of charged-but-not-spent
-        time (pause and stalls not reached) minus, for `cause` "failure", the progress lost.
-        The caller turns it into work at the job's rate: remaining −= rate × returned."""
+        """Close the segment at `now` (`cause`: finish | move | preempt | failure | terminate);
+        returns the wall seconds of charged-but-not-spent time (pause and stalls not reached)
+        minus, for a failure, the progress lost. The caller turns it into work at the job's
+        rate: remaining −= rate × returned."""
         seg = self.segments.pop(job.key, None)
-        if cause == "failure":
+        if cause in ("failure", "terminate"):
             self.owed.pop(job.key, None)
         if seg is None:
             return 0.0
