@@ -18,8 +18,8 @@ minipod; GPU-hours lost and the recovered jobs' spread vs their optimum.
 jobs fill the cluster, then a surge of premium jobs arrives; per-tier
 attainment with the `sla` policy (interruptions priced).
 
-`elasticity`: the Acme-Kalos workload at `--scale` × its arrival rate, EASY
-backfilling (no preemption) vs the `sla` policy with evaluation and
+`elasticity`: the Acme-Kalos workload at `--scale` × its arrival rate, FCFS and
+EASY backfilling (no preemption) vs the `sla` policy with evaluation and
 pretraining jobs premium and the rest basic (always-on preemption and
 resizing, costs priced); evaluation queueing delay and GPU utilisation.
 """
@@ -132,7 +132,8 @@ def elasticity(days: float, scale: float, seed: int) -> None:
     print(_row(["policy", "eval jobs", "eval queue p50 s", "eval queue mean s", "eval queue p99 s",
                 "GPU utilisation", "goodput %", "preemptions", "resizes", "avg JCT s", "wall s"]))
     print(_row(["---"] * 11))
-    for name, policy in (("easy (no preemption)", POLICIES.get("easy")()),
+    for name, policy in (("fcfs (no preemption)", POLICIES.get("fcfs")()),
+                         ("easy (no preemption)", POLICIES.get("easy")()),
                          ("sla (preempt + resize)", POLICIES.get("sla")(**tiers["params"]))):
         t0 = time.perf_counter()
         sim = Simulation(topo, specs, policy, PLACERS.get("best-fit")(), log_decisions=True,

@@ -135,3 +135,39 @@ def test_example_config_is_valid():
 
     cfg = load_config(Path(__file__).parents[1] / "examples" / "philly-easy.yaml")
     assert cfg.policy.name == "easy" and cfg.failures[0].node == "m100"
+
+
+LONG_TRACE = "#job id,arrival time (sec),topology,shape,size,duration (sec)\n" + "".join(
+    f"{i},{600.0 * i},CLOS,8+8,16,{40_000.0 + 500 * i}\n" for i in range(6))
+
+
+def test_simulate_with_failures_checkpoints_and_recovery(tmp_path):
+    trace = tmp_path / "long.csv"
+    trace.write_text(LONG_TRACE)
+    out = tmp_path / "faults"
+    res = runner.invoke(app, ["simulate", "--trace", f"rfold:{trace}", "--cluster", "arnold-i", "--failures",
+                              "rate:0.5", "--checkpoint", "sync", "--checkpoint-interval", "30m", "--recovery",
+                              "topology", "--spares", "1", "--no-report", "--out", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["finished"] == 6
+    assert summary["recoveries"] >= 1 and summary["gpu_hours_lost_to_failures"] > 0
+    assert summary["gpu_hours_checkpointing"] > 0 and 0 < summary["goodput_fraction"] < 1
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["interruptions"]["checkpoint_interval_s"] == 1800.0
+    assert manifest["config"]["recovery"] == {"replacement": "topology", "spares_per_minipod": 1}
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--checkpoint-interval", "soon"], "--checkpoint-interval"),
+    (["--checkpoint", "weekly"], "checkpoint_mode"),
+    (["--failures", "rate:lots"], "failures"),
+    (["--failures", "/no/such/faults.json"], "failures"),
+    (["--recovery", "pray"], "recovery.replacement"),
+    (["--job-failures", "gremlins"], "job_failures"),
+])
+def test_bad_failure_settings_are_clear_errors(trace, tmp_path, args, expected):
+    res = runner.invoke(app, ["simulate", "--trace", f"rfold:{trace}", "--cluster", "arnold-i", "-q",
+                              "--out", str(tmp_path / "x"), *args])
+    assert res.exit_code == 2, res.output
+    assert expected in res.output and "Traceback" not in res.output
