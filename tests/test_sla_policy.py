@@ -201,3 +201,18 @@ def test_random_surges_apply_cleanly_and_every_job_ends(case):
     result = sim.run()
     check_accounting(sim.ctx, sim.jobs)
     assert all(j.state in (JobState.FINISHED, JobState.REJECTED) for j in result.jobs)
+
+
+def test_memoised_job_facts_follow_the_plan():
+    """Per-job facts are memoised, but recomputed when the job's plan changes."""
+    from loom.core.jobs import Job
+    from loom.core.plan import ParallelPlan
+
+    p = SlaTiers()
+    j = Job(job("s", 0, 32, 1, priority=1), 0)
+    assert (p.tier(j), p.guarantee(j), p.floor(j)) == ("standard", 16, 16)
+    assert p.rule.guarantee(j.spec, j.plan) == p.guarantee(j)
+    j.plan = ParallelPlan(dp=2, tp=8, pp=2)  # 32 ranks on at least 16 devices
+    assert p.facts(j).sizes == valid_sizes(j.spec, j.plan) == [16, 32]
+    j.plan = ParallelPlan(dp=1, tp=8, pp=4)  # 32 model-parallel shards: only its whole request
+    assert (p.guarantee(j), p.floor(j)) == (32, 32) == (p.rule.guarantee(j.spec, j.plan), 32)

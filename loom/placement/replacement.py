@@ -6,9 +6,10 @@ needs a replacement holding the same number of GPUs of the same type.
 * ``topology`` (topology-preserving): the replacement shares the deepest
   switch with the failed node — the same leaf, else the same minipod, else the
   same spine … — so the job's communication groups keep the alignment they had
-  (rank positions move to a node one hop away at most). Ties: hot spares first
-  (they exist for this), then the node with the fewest free GPUs that fits
-  (best fit), then the lowest index.
+  (rank positions move to a node one hop away at most). Ties: a hot spare of the
+  failed node's own minipod first (they exist for this), other minipods' spares
+  last (they guard their own minipod), then the node with the fewest free GPUs
+  that fits (best fit), then the lowest index.
 * ``naive``: the first node (lowest index) of the right type with enough free
   GPUs — what a scheduler that ignores the topology does.
 
@@ -63,7 +64,11 @@ def replacements(state: ClusterState, keep: tuple[int, ...], lost: Mapping[int, 
             pick = int(candidates[0])
         else:
             depth = shared_depth(topo.switch_of, failed, candidates)
-            order = np.lexsort((candidates, free[candidates], ~is_spare[candidates], -depth))
+            pods = topo.switch_of[topo.minipod_tier]
+            local = pods[candidates] == pods[failed]
+            # a spare of the failed node's own minipod first; another minipod's spare last (it guards its own)
+            spare_rank = np.where(is_spare[candidates], np.where(local, 0, 2), 1)
+            order = np.lexsort((candidates, free[candidates], spare_rank, -depth))
             pick = int(candidates[order[0]])
         chosen[failed] = pick
         usable[pick] = False  # one failed node per replacement

@@ -125,6 +125,22 @@ class TierRule:
         return next(s for s in valid_sizes(spec, plan) if s >= need)
 
 
+class _Facts:
+    """A job's fixed facts under a policy (its spec never changes; recomputed if its plan does)."""
+
+    __slots__ = ("floor", "guarantee", "minimum", "plan", "rank", "sizes", "spec", "tier")
+
+    def __init__(self, rule: TierRule, spec: JobSpec, plan: ParallelPlan | None) -> None:
+        self.spec = spec
+        self.plan = plan
+        self.tier = rule.tier(spec)
+        self.rank = TIERS.index(self.tier)
+        self.minimum = min_devices(spec, plan)
+        self.sizes = valid_sizes(spec, plan)
+        self.guarantee = rule.guarantee(spec, plan)
+        self.floor = max(self.guarantee, self.minimum)
+
+
 @POLICIES.register("sla")
 class SlaTiers:
     name = "sla"
@@ -139,20 +155,28 @@ class SlaTiers:
         self.pause_s = float(check_number(pause_s, "pause_s", low=0))
         self.last_change: dict[str, float] = {}  # job → time of its last start/resume/resize by this policy
         self._timers: set[float] = set()
+        self._facts: dict[str, _Facts] = {}  # job → its memoised tier, sizes and guarantee
+
+    def facts(self, job: Job) -> _Facts:
+        f = self._facts.get(job.job_id)
+        if f is None or f.spec is not job.spec or f.plan is not job.plan:
+            f = self._facts[job.job_id] = _Facts(self.rule, job.spec, job.plan)
+        return f
 
     # -- per-job facts ----------------------------------------------------------------
     def tier(self, job: Job) -> str:
-        return self.rule.tier(job.spec)
+        return self.facts(job).tier
 
     def guarantee(self, job: Job) -> int:
-        return self.rule.guarantee(job.spec, job.plan)
+        return self.facts(job).guarantee
 
     def floor(self, job: Job) -> int:
         """The smallest size a running job may be shrunk to (its guarantee, at least its minimum)."""
-        return max(self.guarantee(job), min_devices(job.spec, job.plan))
+        return self.facts(job).floor
 
     def _order(self, jobs: Iterable[Job]) -> list[Job]:
-        return sorted(jobs, key=lambda j: (self.rule.rank(j.spec), j.key))
+        facts = self.facts
+        return sorted(jobs, key=lambda j: (facts(j).rank, j.key))
 
     # -- the round ----------------------------------------------------------------------
     def schedule(self, ctx: SchedulingContext) -> list[Decision]:
@@ -160,13 +184,22 @@ class SlaTiers:
         live = ctx.running.keys() | ctx.pending.keys()
         for gone in [jid for jid in self.last_change if jid not in live]:
             del self.last_change[gone]
-        if not ctx.pending and all(j.allocation.total >= j.gpus for j in ctx.running.values()):  # type: ignore[union-attr]
+        if len(self._facts) > 2 * len(live) + 64:
+            self._facts = {jid: f for jid, f in self._facts.items() if jid in live}
+        # A running job at its request that step 1 leaves alone keeps its allocation: step 2 cannot
+        # grow it (and one step 1 touched is skipped anyway), so only the others need trying.
+        below = [j for j in ctx.running.values() if j.allocation.total < j.gpus]  # type: ignore[union-attr]
+        if not ctx.pending and (not below or ctx.state.free_total == 0):  # nothing to start, nothing can grow
             return []
         r = _Round(self, ctx)
         for job in self._order(ctx.pending.values()):
             r.start_guaranteed(job)
-        for job in self._order([*ctx.running.values(), *ctx.pending.values()]):
-            r.grow(job)
+        plan = r.plan
+        if plan.view.free_total > 0:  # step 2 only ever uses free GPUs
+            for job in self._order([*below, *ctx.pending.values()]):
+                r.grow(job)
+                if plan.view.free_total == 0:
+                    break  # step 2 never frees GPUs: nothing more can change
         for jid in r.touched:
             self.last_change[jid] = ctx.now
         wake = min(r.deferred, default=None)
@@ -186,17 +219,41 @@ class _Round:
         self.held: dict[str, Allocation] = {j.job_id: j.allocation for j in ctx.running.values()}  # type: ignore[misc]
         self.touched: set[str] = set()
         self.deferred: list[float] = []
+        self._segments: dict[int, tuple[list[tuple[Job, int, int]], int]] | None = None  # tier → victims
+        self._gives: dict[int, int] = {}  # tier → `_gives_below`, with `_segments`
+
+    def _tier_segments(self) -> dict[int, tuple[list[tuple[Job, int, int]], int]]:
+        """Per tier rank: (victims in taking order, GPUs they free in all); valid until `held` changes."""
+        if self._segments is None:
+            self._gives = {}
+            facts, held = self.p.facts, self.held
+            by_rank: dict[int, list[Job]] = {}
+            for v in self.ctx.running.values():
+                if v.job_id in held:
+                    by_rank.setdefault(facts(v).rank, []).append(v)
+            self._segments = {}
+            for rank, running in by_rank.items():
+                running.sort(key=lambda v: (-(v.last_start or 0.0), -v.key))  # youngest first
+                out: list[tuple[Job, int, int]] = []
+                for v in running:
+                    have, low = held[v.job_id].total, facts(v).floor
+                    if have > low:
+                        out.append((v, low, have - low))
+                out.extend((v, 0, min(held[v.job_id].total, facts(v).floor)) for v in running)
+                self._segments[rank] = (out, sum(give for _, _, give in out))
+        return self._segments
 
     # -- step 1 -------------------------------------------------------------------------
     def start_guaranteed(self, job: Job) -> None:
-        g = self.p.guarantee(job)
+        facts = self.p.facts(job)
+        g = facts.guarantee
         if g == 0:
             return  # best effort: step 2
         if self._start_fitting(self.plan, job, g, job.gpus):
             return
-        victims = self._victims(job)
-        if self.plan.view.free_total + sum(give for _, _, give in victims) < g:
+        if self.plan.view.free_total + self._gives_below(facts.rank) < g:
             return  # even taking everything allowed would not make room: touch nobody
+        victims = self._victims(job)
         trial = self.plan.fork()
         moves: dict[str, Allocation | None] = {}
         for victim, to, _ in victims:
@@ -208,17 +265,22 @@ class _Round:
 
     def _victims(self, job: Job) -> list[tuple[Job, int, int]]:
         """(victim, size it goes to, GPUs freed) in taking order; only strictly lower tiers."""
-        rank = self.p.rule.rank(job.spec)
+        rank = self.p.facts(job).rank
+        segments = self._tier_segments()
         out: list[tuple[Job, int, int]] = []
-        for tier in reversed(TIERS[rank + 1:]):  # basic first, then standard
-            running = [v for v in self.ctx.running.values() if v.job_id in self.held and self.p.tier(v) == tier]
-            running.sort(key=lambda v: (-(v.last_start or 0.0), -v.key))  # youngest first
-            for v in running:
-                have, low = self.held[v.job_id].total, self.p.floor(v)
-                if have > low:
-                    out.append((v, low, have - low))
-            out.extend((v, 0, low) for v in running for low in [min(self.held[v.job_id].total, self.p.floor(v))])
+        for lower in range(len(TIERS) - 1, rank, -1):  # basic first, then standard
+            seg = segments.get(lower)
+            if seg is not None:
+                out.extend(seg[0])
         return out
+
+    def _gives_below(self, rank: int) -> int:
+        """GPUs that taking every victim of a job of tier `rank` would free (sum over `_victims`)."""
+        segments = self._tier_segments()
+        gives = self._gives.get(rank)
+        if gives is None:
+            gives = self._gives[rank] = sum(seg[1] for lower, seg in segments.items() if lower > rank)
+        return gives
 
     def _take(self, trial: RoundPlan, victim: Job, to: int, g: int, moves: dict[str, Allocation | None]) -> bool:
         """Shrink (`to` > 0, only as far as needed) or preempt a victim on the trial plan."""
@@ -234,7 +296,7 @@ class _Round:
             moves[victim.job_id] = None
             return True
         need = g - trial.view.free_total
-        sizes = [s for s in valid_sizes(victim.spec, victim.plan) if to <= s < old.total]
+        sizes = [s for s in self.p.facts(victim).sizes if to <= s < old.total]
         size = max((s for s in sizes if old.total - s >= need), default=to)
         new = self._resize_alloc(trial, victim, old, size)
         if new is None:
@@ -253,6 +315,7 @@ class _Round:
             self.plan.decisions.append(replace(d, reason=reason))  # type: ignore[type-var]
         self.plan._state = trial.state  # adopt the fork of this very plan
         self.plan.started.extend(trial.started)
+        self._segments = None  # `held` changes below
         for jid, new in moves.items():
             if new is None:
                 self.held.pop(jid, None)
@@ -269,14 +332,14 @@ class _Round:
         old = self.held.get(job.job_id)
         if old is None:
             if job.job_id in self.ctx.pending:
-                low = max(self.p.guarantee(job), min_devices(job.spec, job.plan))
+                low = self.p.facts(job).floor
                 if self._start_fitting(self.plan, job, low, job.gpus):
                     self.touched.add(job.job_id)
             return
         if old.total >= job.gpus:
             return
         room = self.plan.view.free_total + old.total
-        sizes = [s for s in valid_sizes(job.spec, job.plan) if old.total < s <= room]
+        sizes = [s for s in self.p.facts(job).sizes if old.total < s <= room]
         since = self.p.last_change.get(job.job_id)
         if sizes and since is not None and self.ctx.now < since + self.p.min_resize_interval_s - TIME_EPS:
             self.deferred.append(since + self.p.min_resize_interval_s)
@@ -296,7 +359,10 @@ class _Round:
                        moves: dict[str, Allocation | None] | None = None) -> bool:
         """Start `job` at the largest valid size in [low, high] that places."""
         free = plan.view.free_total
-        for size in reversed([s for s in valid_sizes(job.spec, job.plan) if low <= s <= min(high, free)]):
+        top = min(high, free)
+        if low > top:
+            return False
+        for size in reversed([s for s in self.p.facts(job).sizes if low <= s <= top]):
             alloc = place_on(plan, job, size, None)
             if alloc is not None:
                 g = self.p.guarantee(job)
