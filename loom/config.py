@@ -5,7 +5,7 @@ override fields; every problem is reported with the file and field path."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -50,6 +50,9 @@ class SimConfig(_Strict):
     # node failures from a source: "infinitehbd" (the real fault trace), "rate:R" (per node per
     # day) or a fault-trace JSON path, over the trace's span; turns interruptions and recovery on
     failures_from: str | None = None
+    # with failures_from: trace jobs recorded as failed already end at their recorded failure;
+    # "drop" removes them so failures are not counted twice, "keep" replays them as recorded
+    recorded_failures: Literal["drop", "keep"] = "drop"
     # job-level failures (Acme taxonomy) injected into jobs that did not fail in the trace:
     # "acme" (scheduler-calibrated) or "acme-log" (§5 log sample); turns interruptions and recovery on
     job_failures: str | None = None

@@ -31,6 +31,7 @@ from loom.report.metrics import job_records, summary
 from loom.sim.engine import Simulation, SimulationResult
 from loom.sim.events import NodeFailure
 from loom.sim.recovery import RecoveryConfig
+from loom.workload.job import FinalStatus
 from loom.workload.loaders import load_trace
 
 
@@ -85,6 +86,8 @@ def build_simulation(config: SimConfig) -> Simulation:
     recovery = _section(RecoveryConfig, config.recovery, on_by_failures, "recovery")
     if config.failures_from:
         failures += failures_over(config.failures_from, topology, specs, config.seed).failures
+        if config.recorded_failures == "drop":  # they already end at their recorded failure
+            specs = [s for s in specs if s.final_status is not FinalStatus.FAILED]
     return Simulation(
         topology,
         specs,

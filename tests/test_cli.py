@@ -171,3 +171,17 @@ def test_bad_failure_settings_are_clear_errors(trace, tmp_path, args, expected):
                               "--out", str(tmp_path / "x"), *args])
     assert res.exit_code == 2, res.output
     assert expected in res.output and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("policy,expected_jobs", [("drop", 2), ("keep", 3)])
+def test_recorded_failures_are_not_counted_twice_when_node_failures_are_injected(tmp_path, policy, expected_jobs):
+    trace = tmp_path / "jobs.csv"
+    trace.write_text("job_id,submit_time,gpus,duration,final_status\n"
+                     "a,0,8,5000,completed\nb,10,8,300,failed\nc,20,8,4000,completed\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"trace: csv:{trace}\ncluster: arnold-i\nfailures_from: 'rate:0.01'\n"
+                   f"recorded_failures: {policy}\noutputs: {{dir: {tmp_path / 'out'}, report: false}}\n")
+    res = runner.invoke(app, ["simulate", "--config", str(cfg), "-q"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["jobs"] == expected_jobs
