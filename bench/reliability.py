@@ -19,8 +19,9 @@ jobs fill the cluster, then a surge of premium jobs arrives (premium plus standa
 guarantees fit the cluster: 96 + 32 of 144 GPUs); per-tier
 attainment with the `sla` policy (interruptions priced).
 
-`elasticity`: the Acme-Kalos workload at `--scale` × its arrival rate, FCFS and
-EASY backfilling (no preemption) vs the `sla` policy with evaluation and
+`elasticity`: the Acme-Kalos workload at `--scale` × its arrival rate, FCFS,
+EASY backfilling and `sla` with `elastic=false` (no preemption, no resizing) vs the
+`sla` policy with evaluation and
 pretraining jobs premium and the rest basic (always-on preemption and
 resizing, costs priced); evaluation queueing delay and GPU utilisation.
 """
@@ -137,6 +138,8 @@ def elasticity(days: float, scale: float, seed: int) -> None:
     print(_row(["---"] * 11))
     for name, policy in (("fcfs (no preemption)", POLICIES.get("fcfs")()),
                          ("easy (no preemption)", POLICIES.get("easy")()),
+                         ("sla, elastic=false (tiers order the queue only)",
+                          POLICIES.get("sla")(**tiers["params"], elastic=False)),
                          ("sla (preempt + resize)", POLICIES.get("sla")(**tiers["params"]))):
         t0 = time.perf_counter()
         sim = Simulation(topo, specs, policy, PLACERS.get("best-fit")(), log_decisions=True,

@@ -216,3 +216,14 @@ def test_memoised_job_facts_follow_the_plan():
     assert p.facts(j).sizes == valid_sizes(j.spec, j.plan) == [16, 32]
     j.plan = ParallelPlan(dp=1, tp=8, pp=4)  # 32 model-parallel shards: only its whole request
     assert (p.guarantee(j), p.floor(j)) == (32, 32) == (p.rule.guarantee(j.spec, j.plan), 32)
+
+
+def test_inelastic_control_only_orders_the_queue(small_clos):
+    result = run(small_clos, surge(), SlaTiers(elastic=False))
+    jobs = {j.job_id: j for j in result.jobs}
+    assert all(j.state is JobState.FINISHED for j in result.jobs)
+    assert not any(isinstance(d, (Resize, Preempt)) for _, d in result.decisions)
+    assert all(d.allocation.total == jobs[d.job_id].spec.gpus for _, d in result.decisions if isinstance(d, Start))
+    assert jobs["p0"].first_start > jobs["p0"].spec.submit_time  # premium waits: nobody yields
+    with pytest.raises(LoomInputError, match="elastic"):
+        SlaTiers(elastic="no")

@@ -35,7 +35,9 @@ Rules as built here
 Parameters: `premium`, `standard`, `basic` (fractions in [0, 1]), `tier_by`,
 `tiers_map`, `default_tier`, `min_resize_interval_s` (≥ 0, default 300),
 `pause_s` (≥ 0, default 0: the resize pause when the engine prices no
-interruptions).
+interruptions), `elastic` (default true; false: the tiers only order the queue —
+jobs start at their full request, nothing is shrunk or preempted — the "no
+preemption, no elasticity" control of the same policy).
 """
 
 from __future__ import annotations
@@ -147,12 +149,17 @@ class SlaTiers:
 
     def __init__(self, premium: float = 1.0, standard: float = 0.5, basic: float = 0.0,
                  tier_by: str = "priority", tiers_map: Mapping[Any, str] | None = None,
-                 default_tier: str = "basic", min_resize_interval_s: float = 300.0, pause_s: float = 0.0) -> None:
+                 default_tier: str = "basic", min_resize_interval_s: float = 300.0, pause_s: float = 0.0,
+                 elastic: bool = True) -> None:
         fractions = {"premium": premium, "standard": standard, "basic": basic}
         self.rule = TierRule(fractions, tier_by, dict(tiers_map) if isinstance(tiers_map, Mapping) else tiers_map,
                              default_tier)
         self.min_resize_interval_s = float(check_number(min_resize_interval_s, "min_resize_interval_s", low=0))
         self.pause_s = float(check_number(pause_s, "pause_s", low=0))
+        if not isinstance(elastic, bool):
+            raise LoomInputError(f"must be true or false, got {elastic!r}", field="policy.params.elastic")
+        # False: tiers only order the queue; jobs start at full size and are never shrunk or preempted
+        self.elastic = elastic
         self.last_change: dict[str, float] = {}  # job → time of its last start/resume/resize by this policy
         self._timers: set[float] = set()
         self._facts: dict[str, _Facts] = {}  # job → its memoised tier, sizes and guarantee
@@ -249,6 +256,9 @@ class _Round:
         g = facts.guarantee
         if g == 0:
             return  # best effort: step 2
+        if not self.p.elastic:
+            self._start_fitting(self.plan, job, job.gpus, job.gpus)
+            return
         if self._start_fitting(self.plan, job, g, job.gpus):
             return
         if self.plan.view.free_total + self._gives_below(facts.rank) < g:
@@ -332,7 +342,7 @@ class _Round:
         old = self.held.get(job.job_id)
         if old is None:
             if job.job_id in self.ctx.pending:
-                low = self.p.facts(job).floor
+                low = self.p.facts(job).floor if self.p.elastic else job.gpus
                 if self._start_fitting(self.plan, job, low, job.gpus):
                     self.touched.add(job.job_id)
             return
