@@ -28,7 +28,7 @@ def run(topo, specs, recovery, failures, script=None, policy=None):
 
 
 def pinned(nodes):
-    """A script that starts job 'big' on `nodes` at t=0."""
+    """A script that starts job 'big' on `nodes` (in rank order) at t=0."""
     return {0.0: [Start("big", Allocation(tuple(nodes), (8,) * len(nodes)), "pinned")]}
 
 
@@ -37,14 +37,14 @@ def test_replacement_keeps_the_job_in_its_minipod_only_when_topology_aware(small
     names = small_clos.node_names
     config = RecoveryConfig(replacement=mode)
     jobs, result = run(small_clos, [job("big", 0, 16, 10_000)], config,
-                       [NodeFailure(names[7], 1_000.0, 500.0)], pinned([6, 7]))
+                       [NodeFailure(names[7], 1_000.0, 500.0)], pinned([7, 6]))
     (rec,) = result.recoveries
     assert rec.minipods_before == 1 and rec.minipods_after == minipods
     assert rec.replaced == ((names[7], names[int(expected_node[1:])]),)
     assert rec.restarted_at == pytest.approx(1_000.0 + config.delay_s)
     big = jobs["big"]
     assert big.state is JobState.FINISHED and big.failures == 1
-    assert set(big.allocation.nodes) == {6, int(expected_node[1:])}
+    assert big.allocation.nodes == (int(expected_node[1:]), 6)  # the replacement takes node 7's rank slot
 
 
 def test_survivors_are_held_while_the_job_recovers(small_clos):

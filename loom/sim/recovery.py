@@ -88,6 +88,7 @@ class _Waiting:
     job: Job
     keep: Allocation | None  # surviving nodes, held while it recovers
     lost: dict[int, int]  # failed node → GPUs it held
+    order: tuple[int, ...] = ()  # the job's nodes before the failure, in rank order
     record: RecoveryRecord = field(repr=False, default=None)  # type: ignore[assignment]
 
 
@@ -170,7 +171,7 @@ class Recovery:
             self.ctx.held[job.job_id] = keep
         record = RecoveryRecord(job.job_id, now, (self.topology.node_names[node],), self._spread(alloc.nodes))
         self.records.append(record)
-        self.waiting[job.key] = _Waiting(job, keep, lost, record)
+        self.waiting[job.key] = _Waiting(job, keep, lost, alloc.nodes, record)
         self.push_timer(now + self.config.delay_s, ("recover", job.key))
 
     def _spread(self, nodes: tuple[int, ...]) -> int:
@@ -202,9 +203,11 @@ class Recovery:
             if new in self.spares:
                 self._take_spare(new, failed)
                 wait.record.used_spares += 1
-        nodes = list(keep.nodes if keep else ()) + [chosen[f] for f in sorted(wait.lost)]
-        gpus = list(keep.gpus if keep else ()) + [wait.lost[f] for f in sorted(wait.lost)]
-        alloc = Allocation(tuple(nodes), tuple(gpus))
+        # each replacement takes its failed node's place: ranks keep their positions
+        held = dict(zip(keep.nodes, keep.gpus)) if keep else {}
+        order = [n for n in wait.order if n in held or n in chosen]
+        alloc = Allocation(tuple(chosen.get(n, n) for n in order),
+                           tuple(held[n] if n in held else wait.lost[n] for n in order))
         names = self.topology.node_names
         wait.record.replaced = tuple((names[f], names[chosen[f]]) for f in sorted(wait.lost))
         wait.record.restarted_at = now
