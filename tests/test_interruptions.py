@@ -6,7 +6,12 @@ import pytest
 
 from loom.core.plan import ParallelPlan
 from loom.errors import LoomInputError
-from loom.perf.interruptions import InterruptionCosts, InterruptionModel, default_plan, model_params
+from loom.perf.interruptions import (
+    InterruptionCosts,
+    InterruptionModel,
+    default_plan,
+    model_params,
+)
 from loom.workload.job import JobSpec
 
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from simharness import PROPERTY_SETTINGS, Scenario, scenarios, simulate, type_capacity
 
 from loom.core.jobs import JobState
 from loom.perf.interruptions import InterruptionCosts, InterruptionModel
 from loom.sim.recovery import RecoveryConfig
 from loom.workload.job_failures import FailurePlan
-from simharness import PROPERTY_SETTINGS, Scenario, scenarios, simulate, type_capacity
 
 INTERVAL = 300.0  # short, so the random traces' jobs checkpoint
 
@@ -51,7 +51,7 @@ def run(case):
 @PROPERTY_SETTINGS
 @given(failing())
 def test_every_job_ends_and_no_work_is_counted_twice(case) -> None:
-    sc, model, r = run(case)
+    sc, _model, r = run(case)
     result = r.result
     for job in result.jobs:
         fits = job.spec.gpus <= type_capacity(sc.topology, job.spec.gpu_type)
@@ -72,7 +72,7 @@ def test_every_job_ends_and_no_work_is_counted_twice(case) -> None:
 @PROPERTY_SETTINGS
 @given(failing())
 def test_lost_work_is_at_most_the_time_since_the_last_durable_checkpoint(case) -> None:
-    sc, model, r = run(case)
+    _sc, model, r = run(case)
     result = r.result
     hits = sum(j.failures for j in result.jobs)
     widest = max((j.spec.gpus for j in result.jobs if j.failures), default=0)
