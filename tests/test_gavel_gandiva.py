@@ -10,9 +10,10 @@ from loom.core.protocols import PLACERS, POLICIES
 from loom.errors import LoomInputError
 from loom.hardware.clusters import CLUSTERS
 from loom.hardware.topology import NodeDef, Tier, Topology
-from loom.policies import gavel as gavel_module
+from loom.policies import gavel_lp as gavel_module
 from loom.policies.gandiva import Gandiva
-from loom.policies.gavel import Gavel, equal_share, solve_allocation
+from loom.policies.gavel import Gavel
+from loom.policies.gavel_lp import equal_share, solve_allocation
 from loom.sim.engine import Simulation
 from loom.sim.estimator_speed import EstimatorSpeed
 from loom.workload.job import JobSpec
