@@ -32,7 +32,7 @@ so a migration's latency is explained rather than one number:
   devices (§5.4), nor below one device per (tensor, pipeline) shard.
 
 Jobs with no `loom.perf` model are sized by the documented GPU-count rule
-`SIZE_RULE` (7B up to 8 GPUs, 13B up to 64, 70B beyond); jobs with no
+`loom.perf.presets.SIZE_RULE` (7B up to 8 GPUs, 13B up to 64, 70B beyond); jobs with no
 iteration count use `default_iteration_s` for the barrier; jobs with no plan
 are data parallel over their request with ZeRO-1 within a node
 (`default_plan`).
@@ -46,13 +46,12 @@ from dataclasses import dataclass, fields
 from loom.core.plan import ParallelPlan
 from loom.errors import LoomInputError
 from loom.perf.memory import model_state_bytes
-from loom.perf.presets import preset, preset_names
+from loom.perf.presets import preset, preset_for_gpus, preset_names
 from loom.workload.job import JobSpec
 
 GB = 1e9
 GIB = 2**30
 CHECKPOINT_BYTES_PER_PARAM = 14.0  # bf16 weights 2 + fp32 master 4 + Adam m, v 8
-SIZE_RULE = ((8, "llama2-7b"), (64, "llama2-13b"), (1 << 30, "llama2-70b"))
 CHECKPOINT_MODES = ("async", "sync")
 MAY_BE_ZERO = ("barrier_iterations", "host_gib_per_rank", "restart_s", "rendezvous_s", "time_slice_overhead")
 
@@ -240,5 +239,5 @@ def default_plan(gpus: int) -> ParallelPlan:
 
 def model_params(spec: JobSpec) -> int:
     """Parameters of the job's model: its `loom.perf` preset, else by the GPU-count rule."""
-    name = spec.model if spec.model in preset_names() else next(n for limit, n in SIZE_RULE if spec.gpus <= limit)
+    name = spec.model if spec.model in preset_names() else preset_for_gpus(spec.gpus)
     return preset(name).total_params()

@@ -42,6 +42,15 @@ def preset_names() -> list[str]:
     return list(_bundled())
 
 
+# The documented stand-in for a job that names no model: sized by its GPU count.
+SIZE_RULE = ((8, "llama2-7b"), (64, "llama2-13b"), (1 << 30, "llama2-70b"))
+
+
+def preset_for_gpus(gpus: int) -> str:
+    """The preset `SIZE_RULE` gives a job of `gpus` GPUs (7B ≤ 8, 13B ≤ 64, 70B beyond)."""
+    return next(name for limit, name in SIZE_RULE if gpus <= limit)
+
+
 def load_presets(path: str | Path | None = None) -> dict[str, ModelSpec]:
     """Load and validate a preset file; the bundled one unless `path` is given."""
     if path is None:

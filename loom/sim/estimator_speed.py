@@ -49,12 +49,11 @@ from loom.hardware.topology import Topology
 from loom.perf.estimator import Estimator
 from loom.perf.inputs import PACKED, Hardware, Placement, PlanError, TrainingJob
 from loom.perf.placement import placement_of
-from loom.perf.presets import preset, preset_names
+from loom.perf.presets import preset, preset_for_gpus, preset_names
 from loom.perf.search import Choices, candidate_plans, search_plans
 from loom.workload.job import JobSpec
 
 DEFAULT_BATCH = 256
-SIZE_RULE = ((8, "llama2-7b"), (64, "llama2-13b"), (1 << 30, "llama2-70b"))
 TRACE_MODEL_RULES = ("keep", "by-size")
 
 
@@ -113,7 +112,7 @@ class EstimatorSpeed:
         if spec.model and (spec.iterations or spec.model in preset_names()):
             return spec.model
         if self.trace_models == "by-size" and spec.duration is not None:
-            return next(name for limit, name in SIZE_RULE if spec.gpus <= limit)
+            return preset_for_gpus(spec.gpus)
         return None
 
     # -- estimates ---------------------------------------------------------------

@@ -64,7 +64,6 @@ class Interruptions:
         self.segments: dict[int, Segment] = {}
         self.owed: dict[int, Phases] = {}
         self.totals = InterruptionTotals()
-        self.pauses: dict[int, list[tuple[float, str, Phases]]] = {}  # job key → (time, primitive, phases)
 
     def shape(self, job: Job, allocation: Allocation) -> JobShape:
         return self.model.shape(job.spec, allocation.total, len(allocation.nodes), job.plan)
@@ -95,9 +94,7 @@ class Interruptions:
         pause = hold_s + phases.total_s
         self.segments[job.key] = Segment(now + pause, stall, checkpoints, self.model.persist_s(after),
                                          allocation.total)
-        if pause > 0:
-            self.pauses.setdefault(job.key, []).append((now, primitive, phases))
-            self.totals.paused_gpu_s += pause * allocation.total
+        self.totals.paused_gpu_s += pause * allocation.total
         return pause + checkpoints * stall, divisor
 
     def _time_slice(self, job: Job, allocation: Allocation) -> float:
