@@ -209,6 +209,72 @@ class Estimator:
         memory, reason = self._fit(timing.times)
         return timing.iteration, memory / GIB, reason
 
+    def floors(
+        self, job: TrainingJob, hardware: Hardware, plans: list[ParallelPlan], placement: Placement = PACKED
+    ) -> list[float]:
+        """Per plan, a lower bound on `price(...)[0]` at a fraction of its cost, for plan
+        searches to skip plans that cannot beat the best one priced so far.
+
+        It is `_timing` without pipeline sends, embedding sync and all but the first
+        stage's DP tail. Each stage's micro-batch is compute + TP collectives + exposed
+        ZeRO-3 gathers (sends ≥ 0 left out); the pipeline formula only grows with any
+        stage's micro-batch time (m·max + (Σ count·t − max)/v, m, v ≥ 1); the tail is
+        the largest stage's, ≥ the first stage's, whose overlap window (its own last
+        backward) does not depend on sends."""
+        memo = self._memo(job, placement)
+        if len(memo.stage_ids) > MAX_MEMO_STAGES:
+            memo.clear()
+        shapes: dict[tuple[int, int, int], tuple[tuple[StageSpec, int], ...]] = {}  # (tp, dp, pp) → stages, ids
+        out = []
+        for plan in plans:
+            micro_batches = job.global_batch // (plan.micro_batch * plan.dp)
+            if (stages := shapes.get(shape := (plan.tp, plan.dp, plan.pp))) is None:
+                stages = shapes[shape] = tuple((stage, memo.stage_ids.setdefault(stage, len(memo.stage_ids)))
+                                               for stage in uniform_stages(job, hardware, plan))
+            slowest = total = 0.0
+            tail = -1.0
+            for stage, sid in stages:
+                mb = job.global_batch // (micro_batches * stage.dp)
+                if (work := memo.compute.get(key := (sid, mb, plan.recompute))) is None:
+                    work = memo.compute[key] = self._stage_compute(job, stage, mb, plan.recompute)
+                if (sync := memo.sync.get(key := (sid, plan.zero_stage, plan.zero_shard))) is None:
+                    sync = memo.sync[key] = self._stage_sync(job, stage, plan.zero_stage, plan.zero_shard, placement)
+                compute = work[0]
+                micro_batch_s = compute + work[2] + max(0.0, sync[2] - compute)
+                slowest = max(slowest, micro_batch_s)
+                total += micro_batch_s * stage.count
+                if tail < 0:  # the first stage: rank 0
+                    tail = max(0.0, sync[1] - (work[1] if job.overlap_dp else 0.0)) + sync[3]
+            out.append(micro_batches * slowest + (total - slowest) / plan.virtual_stages + tail)
+        return out
+
+    def fits(self, job: TrainingJob, hardware: Hardware, plan: ParallelPlan, placement: Placement = PACKED) -> bool:
+        """Whether the plan fits in memory: exactly `price`'s verdict, without its timing."""
+        micro_batches = job.global_batch // (plan.micro_batch * plan.dp)
+        memo = self._memo(job, placement)
+        rank = 0
+        for stage in uniform_stages(job, hardware, plan):  # uniform stages: the plan is each stage's plan
+            params = self._stage_parts(job, stage, plan, micro_batches, placement, memo)[3][0]
+            usable = _hardware_numbers(stage.hardware)[0].memory_gib - self.calibration.memory_reserve_gib
+            if stage_memory_bytes(job, plan, params, stage.layers, rank, stage.last) / GIB > usable:
+                return False
+            rank += stage.count
+        return True
+
+    def _stage_parts(
+        self, job: TrainingJob, stage: StageSpec, plan: ParallelPlan, micro_batches: int, placement: Placement,
+        memo: _StageMemo,
+    ) -> tuple[float, float, float, tuple[float, float, float, float]]:
+        """(compute, backward, TP collectives, `_stage_sync`) of a stage, from the memo."""
+        mb = job.global_batch // (micro_batches * stage.dp)
+        sid = memo.stage_ids.setdefault(stage, len(memo.stage_ids))
+        key = (sid, mb, plan.recompute)
+        if (work := memo.compute.get(key)) is None:
+            work = memo.compute[key] = self._stage_compute(job, stage, mb, plan.recompute)
+        if (sync := memo.sync.get(key := (sid, plan.zero_stage, plan.zero_shard))) is None:
+            sync = memo.sync[key] = self._stage_sync(job, stage, plan.zero_stage, plan.zero_shard, placement)
+        return work[0], work[1], work[2], sync
+
     def _timing(
         self, job: TrainingJob, stages: tuple[StageSpec, ...], plan: ParallelPlan, placement: Placement
     ) -> _Timing:

@@ -102,6 +102,62 @@ def search_plans(
     return SearchResult(best, fastest, considered, len(feasible), reason)
 
 
+def fastest_plan(
+    job: TrainingJob,
+    hardware: Hardware,
+    gpus: int,
+    *,
+    placement: Placement = PACKED,
+    choices: Choices = Choices(),
+    estimator: Estimator | None = None,
+    or_unfit: bool = False,
+) -> Estimate | None:
+    """`search_plans(...).best` by branch and bound: the same plan, found by pricing
+    only plans that fit in memory and whose floor (`Estimator.floors`) could still
+    beat the best plan priced so far, in floor order; ties in `_rank` go to
+    candidate order, as in `search_plans`. With `or_unfit`, when no plan fits: the
+    plan of least iteration time (first in candidate order among equals; its
+    estimate has `feasible` False) instead of None."""
+    est = estimator or default_estimator()
+    plans: list[ParallelPlan] = []
+    indices: list[int] = []
+    valid: dict[tuple[int, int, int, int], bool] = {}  # validity does not depend on ZeRO or recomputation
+    for index, plan in enumerate(candidate_plans(job, hardware, gpus, choices)):
+        if (ok := valid.get(shape := (plan.tp, plan.pp, plan.micro_batch, plan.virtual_stages))) is None:
+            try:
+                check_plan(job, plan, gpus)
+                ok = valid[shape] = True
+            except PlanError:
+                ok = valid[shape] = False
+        if ok:
+            plans.append(plan)
+            indices.append(index)
+    bounded = sorted(zip(est.floors(job, hardware, plans, placement), indices, plans), key=lambda b: (b[0], b[1]))
+    best = _branch_and_bound(est, job, hardware, placement, bounded, fit=True)
+    if best is None and or_unfit:
+        best = _branch_and_bound(est, job, hardware, placement, bounded, fit=False)
+    return None if best is None else est.estimate(job, hardware, best, placement)
+
+
+def _branch_and_bound(est: Estimator, job: TrainingJob, hardware: Hardware, placement: Placement,
+                      bounded: list[tuple[float, int, ParallelPlan]], fit: bool) -> ParallelPlan | None:
+    """Best of `bounded` (floor, candidate index, plan), sorted by floor: by `_rank` among plans
+    that fit (`fit`), else by iteration time alone."""
+    best: tuple[tuple[float, ...], int, ParallelPlan] | None = None
+    for floor, index, plan in bounded:
+        # a plan whose floor exceeds the best time by more than rounding (ranks round to 1e-9 s)
+        # and float noise ranks strictly worse, as does every later one
+        if best is not None and floor > best[0][0] * (1 + 1e-12) + (2e-9 if fit else 0.0):
+            break
+        if fit and not est.fits(job, hardware, plan, placement):
+            continue
+        iteration_s, memory_gib, _ = est.price(job, hardware, plan, placement)
+        rank = _rank(plan, iteration_s, memory_gib) if fit else (iteration_s,)
+        if best is None or (rank, index) < (best[0], best[1]):
+            best = (rank, index, plan)
+    return None if best is None else best[2]
+
+
 def best_plan(job: TrainingJob, hardware: Hardware, gpus: int, **kwargs: object) -> Estimate | None:
     """The fastest feasible plan, or None."""
     return search_plans(job, hardware, gpus, **kwargs).best  # type: ignore[arg-type]

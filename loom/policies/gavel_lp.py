@@ -11,8 +11,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from scipy.optimize import linprog
-from scipy.sparse import csc_matrix
 
 from loom.errors import LoomInputError
 
@@ -48,14 +46,17 @@ def _lp(start: np.ndarray, index: np.ndarray, value: np.ndarray, rows: int
     arrays, minus linprog's per-call validation and result packaging, so x is identical
     (`tests/test_gavel_gandiva.py` checks it); without that binding it calls linprog."""
     cols = len(start) - 1
-    if _HIGHS is None:
+    h = _highs_core()
+    if h is None:
+        from scipy.optimize import linprog
+        from scipy.sparse import csc_matrix
+
         a_ub = csc_matrix((value, index, start), shape=(rows, cols))
 
         def by_linprog(c: np.ndarray, rhs: np.ndarray, upper: np.ndarray) -> np.ndarray | None:
             res = linprog(c, A_ub=a_ub, b_ub=rhs, bounds=np.column_stack([np.zeros(cols), upper]), method="highs")
             return res.x if res.status == 0 else None
         return by_linprog
-    h = _HIGHS
     lp = h.HighsLp()
     lp.num_col_ = lp.a_matrix_.num_col_ = cols
     lp.num_row_ = lp.a_matrix_.num_row_ = rows
@@ -91,11 +92,22 @@ def _highs_options() -> Any:
     return options
 
 
-try:  # scipy's own HiGHS binding, the one linprog(method="highs") runs
-    from scipy.optimize._highspy import _core as _HIGHS  # type: ignore[import-not-found]
-    _HIGHS_OPTIONS = _highs_options()
-except (ImportError, AttributeError, TypeError, ValueError):  # pragma: no cover - another scipy: use linprog
-    _HIGHS = None
+_UNLOADED = object()
+_HIGHS: Any = _UNLOADED  # scipy's HiGHS core, loaded on the first solve: importing scipy.optimize takes ~0.5 s
+_HIGHS_OPTIONS: Any = None
+
+
+def _highs_core() -> Any:
+    """scipy's own HiGHS binding, the one linprog(method="highs") runs (None: use linprog)."""
+    global _HIGHS, _HIGHS_OPTIONS
+    if _HIGHS is _UNLOADED:
+        try:
+            from scipy.optimize._highspy import _core  # type: ignore[import-not-found]
+            _HIGHS = _core
+            _HIGHS_OPTIONS = _highs_options()
+        except (ImportError, AttributeError, TypeError, ValueError):  # pragma: no cover - another scipy
+            _HIGHS = None
+    return _HIGHS
 
 
 def _unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

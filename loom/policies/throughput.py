@@ -22,7 +22,7 @@ from loom.hardware.topology import Topology
 from loom.perf.estimator import Estimator
 from loom.perf.inputs import Hardware, TrainingJob
 from loom.perf.presets import preset, preset_names
-from loom.perf.search import Choices, candidate_plans, search_plans
+from loom.perf.search import Choices, fastest_plan
 from loom.workload.job import JobSpec
 
 DEFAULT_BATCH = 256
@@ -84,11 +84,8 @@ class Throughputs:
         job = TrainingJob(preset(model), global_batch)
         hardware = Hardware(gpu_type, gpus_per_node=per_node)
         choices = Choices(tp=1, pp=1, vpp=1) if dp_only else Choices(vpp=1)
-        result = search_plans(job, hardware, gpus, choices=choices, top=1, estimator=self.estimator)
-        if result.best is not None:
-            return batch / global_batch / result.best.iteration_s
-        if dp_only:  # DP-only does not fit in memory: the baseline still believes DP scaling
-            fastest = min((self.estimator.estimate(job, hardware, p) for p in
-                           candidate_plans(job, hardware, gpus, choices)), key=lambda e: e.iteration_s, default=None)
-            return 0.0 if fastest is None else batch / global_batch / fastest.iteration_s
-        return 0.0
+        # DP-only plans that do not fit in memory: the baseline still believes DP scaling
+        best = fastest_plan(job, hardware, gpus, choices=choices, estimator=self.estimator, or_unfit=dp_only)
+        if best is None or not (best.feasible or dp_only):
+            return 0.0
+        return batch / global_batch / best.iteration_s

@@ -50,7 +50,7 @@ from loom.perf.estimator import Estimator
 from loom.perf.inputs import PACKED, Hardware, Placement, PlanError, TrainingJob
 from loom.perf.placement import placement_of
 from loom.perf.presets import preset, preset_for_gpus, preset_names
-from loom.perf.search import Choices, candidate_plans, search_plans
+from loom.perf.search import Choices, fastest_plan
 from loom.workload.job import JobSpec
 
 DEFAULT_BATCH = 256
@@ -151,19 +151,14 @@ class EstimatorSpeed:
             )
         job = TrainingJob(preset(model_name), _batch_for(batch, gpus))
         hardware = Hardware(gpu_type, gpus_per_node=per_node)
-        result = search_plans(job, hardware, gpus, choices=Choices(vpp=1), top=1, estimator=self.estimator)
+        best = fastest_plan(job, hardware, gpus, choices=Choices(vpp=1), estimator=self.estimator, or_unfit=True)
         scale = batch / job.global_batch
-        if result.best is not None:
-            return result.best.iteration_s, scale, result.best.plan
-        self.memory_overrides.add((model_name, batch, gpu_type, gpus))
-        fastest = min(
-            (self.estimator.estimate(job, hardware, plan) for plan in candidate_plans(job, hardware, gpus, Choices(vpp=1))),
-            key=lambda e: e.iteration_s,
-            default=None,
-        )
-        if fastest is None:
+        if best is None:
             raise LoomInputError(f"no valid plan for {model_name} on {gpus} {gpu_type} GPUs", field="model")
-        return fastest.iteration_s, scale, None
+        if best.feasible:
+            return best.iteration_s, scale, best.plan
+        self.memory_overrides.add((model_name, batch, gpu_type, gpus))
+        return best.iteration_s, scale, None
 
     def _interference(self, allocation: Allocation, topology: Topology, job: Job) -> float:
         """1 + slowdown from other cross-minipod jobs on the same minipods (≥ 1)."""
