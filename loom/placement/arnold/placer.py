@@ -77,14 +77,13 @@ def _shape_for(model: str, gpus: int, per_node: int, gpu_type: str) -> JobShape:
     from loom.errors import LoomInputError
     from loom.perf import preset, preset_names
     from loom.perf.inputs import Hardware, TrainingJob
-    from loom.perf.search import Choices, search_plans
+    from loom.perf.search import Choices, fastest_plan
 
     if model in preset_names():
         try:
             spec = preset(model)
             job = TrainingJob(spec, max(gpus, 512) // gpus * gpus)
-            best = search_plans(job, Hardware(gpu_type, gpus_per_node=per_node), gpus, choices=Choices(vpp=1),
-                                top=1).best
+            best = fastest_plan(job, Hardware(gpu_type, gpus_per_node=per_node), gpus, choices=Choices(vpp=1))
             if best is not None and (best.plan.dp * best.plan.tp) % per_node == 0 and best.plan.tp <= per_node:
                 return JobShape(best.plan.dp, best.plan.tp, best.plan.pp, per_node)
         except LoomInputError:
