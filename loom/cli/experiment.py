@@ -27,6 +27,8 @@ def register(app: typer.Typer) -> None:
                                         "'local' (start Ray here), 'auto' or ray://HOST:PORT. Needs `pip install "
                                         "ray`; remote workers need loom installed and a shared --out."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the expanded grid and exit."),
+        plan_cache: Path = typer.Option(None, "--plan-cache", help="SQLite file the runs share for plan "
+                                        "searches' answers (the LOOM_PLAN_CACHE variable does the same)."),
     ) -> None:
         """Run the cartesian product of a grid of configs; write each run, summary.csv/.parquet and comparison.html."""
         from rich.console import Console
@@ -35,6 +37,9 @@ def register(app: typer.Typer) -> None:
 
         from loom.experiment import RunResult, import_ray, load_experiment, run_points, value_label, write_combined
 
+        from loom.cli.main import use_plan_cache
+
+        use_plan_cache(plan_cache)
         console = Console()
         exp = load_experiment(file, out)
         points = exp.points

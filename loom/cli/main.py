@@ -63,11 +63,15 @@ def simulate(
     checkpoint_interval: str = typer.Option(None, help="Checkpoint interval, e.g. 30m, 1h, 900 (seconds)."),
     recovery: str = typer.Option(None, help="Replacement of failed nodes: topology, naive or policy."),
     spares: int = typer.Option(None, help="Hot spare nodes per minipod (only preemptible jobs run there)."),
+    plan_cache: Path = typer.Option(None, "--plan-cache", help="SQLite file keeping plan searches' answers "
+                                    "across runs (the LOOM_PLAN_CACHE variable does the same)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Replay a trace on a cluster with a policy and a placer; write metrics to --out."""
     from loom.config import load_config
     from loom.run import run
+
+    use_plan_cache(plan_cache)
 
     cfg = load_config(config, {
         "trace": trace, "cluster": cluster, "policy": policy, "placer": placer, "speed_model": speed_model, "seed": seed,
@@ -91,6 +95,17 @@ def simulate(
 
             outputs = run(cfg, factory)
     _print_summary(outputs.summary, outputs.out_dir)
+
+
+def use_plan_cache(path: Path | None) -> None:
+    """Point `loom.perf.plan_cache` at `path` for this process and the workers it starts."""
+    if path is not None:
+        import os
+
+        from loom.perf.plan_cache import ENV, PlanCache
+
+        PlanCache(path).close()  # a clear error now if it cannot be opened
+        os.environ[ENV] = str(path)
 
 
 def parse_duration(text: str | None, flag: str) -> float | None:

@@ -26,6 +26,7 @@ from loom.perf.comm import BusBandwidthComm, CommModel, GroupShape, Links
 from loom.perf.flops import CNN_SPATIAL_REUSE, flops_per_iteration
 from loom.perf.inputs import PACKED, Hardware, Placement, PlanError, TrainingJob, check_plan
 from loom.perf.model import ModelSpec
+from loom.perf.plan_cache import PlanCache, default_plan_cache
 from loom.perf.memory import GIB, CNN_ACTIVATION_BYTES_PER_PARAM_IMAGE, layer_activation_bytes, stage_memory_bytes
 
 OPTIMIZER_BYTES_PER_PARAM = 28.0  # Adam step: read fp32 master/m/v + grad, write them + bf16 weights
@@ -172,9 +173,13 @@ class _StageMemo:
 class Estimator:
     """Prices plans; memoised so simulations can ask millions of times."""
 
-    def __init__(self, calibration: Calibration | None = None, comm: CommModel | None = None, cache_size: int = 1 << 18):
+    def __init__(self, calibration: Calibration | None = None, comm: CommModel | None = None, cache_size: int = 1 << 18,
+                 plan_cache: PlanCache | None = None):
         self.calibration = calibration or load_calibration()
         self.comm: CommModel = comm or BusBandwidthComm(self.calibration)
+        # plan searches' answers on disk (`loom.perf.plan_cache`): the one given, else ``LOOM_PLAN_CACHE``'s
+        # when the communication model is the default (its calibration is part of the key; a custom model is not)
+        self.plan_cache = plan_cache if plan_cache is not None or comm is not None else default_plan_cache()
         self.estimate = lru_cache(maxsize=cache_size)(self.estimate_uncached)  # type: ignore[method-assign]
         self._memo = lru_cache(maxsize=256)(self._new_memo)
 

@@ -117,8 +117,24 @@ def fastest_plan(
     beat the best plan priced so far, in floor order; ties in `_rank` go to
     candidate order, as in `search_plans`. With `or_unfit`, when no plan fits: the
     plan of least iteration time (first in candidate order among equals; its
-    estimate has `feasible` False) instead of None."""
+    estimate has `feasible` False) instead of None. Answers are kept in the estimator's
+    `plan_cache` when it has one (`loom.perf.plan_cache`)."""
     est = estimator or default_estimator()
+    cache, key = est.plan_cache, ""
+    if cache is not None:
+        key = cache.key("fastest_plan", est.calibration, type(est.comm).__qualname__, job, hardware, gpus, placement,
+                        choices, or_unfit)
+        found, plan = cache.get(key)
+        if found:
+            return None if plan is None else est.estimate(job, hardware, plan, placement)
+    best = _search(est, job, hardware, gpus, placement, choices, or_unfit)
+    if cache is not None:
+        cache.put(key, best)
+    return None if best is None else est.estimate(job, hardware, best, placement)
+
+
+def _search(est: Estimator, job: TrainingJob, hardware: Hardware, gpus: int, placement: Placement, choices: Choices,
+            or_unfit: bool) -> ParallelPlan | None:
     plans: list[ParallelPlan] = []
     indices: list[int] = []
     valid: dict[tuple[int, int, int, int], bool] = {}  # validity does not depend on ZeRO or recomputation
@@ -136,7 +152,7 @@ def fastest_plan(
     best = _branch_and_bound(est, job, hardware, placement, bounded, fit=True)
     if best is None and or_unfit:
         best = _branch_and_bound(est, job, hardware, placement, bounded, fit=False)
-    return None if best is None else est.estimate(job, hardware, best, placement)
+    return best
 
 
 def _branch_and_bound(est: Estimator, job: TrainingJob, hardware: Hardware, placement: Placement,
