@@ -53,7 +53,12 @@ Loom
   costs of each Loom policy, not Arena's reconfiguration table. Like
   elasticflow-l, Loom's elasticflow gets deadlines of submission + 1e9 s.
 * Wall time: `Simulation` construction (speed preparation) and run; the trace
-  and the profile database are loaded before the clock starts.
+  and the profile database are loaded before the clock starts. Cold: no plan
+  cache, every estimator plan search runs. With ``--plan-cache DIR`` Loom also
+  runs twice with a plan cache (`loom.perf.plan_cache`, DIR/POLICY.sqlite,
+  emptied first): the first run fills it, the second ("warm", same job times
+  or the script stops) reads the searches' answers — as Arena reads its
+  precomputed profile database.
 * For ``--rounds N``, Loom simulates the jobs Arena submits (submission
   <= t0 + 300N) and stops at its first scheduling round after t0 + 300(N-1),
   Arena's last end check (`StopAt`), so both simulate the same span of time;
@@ -207,6 +212,26 @@ def run_loom(policy: str, specs: list[JobSpec], t0: float, horizon: float | None
     return out
 
 
+def run_loom_warm(policy: str, specs: list[JobSpec], t0: float, horizon: float | None, speed_kind: str,
+                  arena_dir: Path, to_completion: bool, cache: Path) -> dict[str, Any]:
+    """Loom twice with a plan cache (`loom.perf.plan_cache`) at `cache` (emptied first): the
+    first run fills it, the second is timed warm; both must give the same jobs' times."""
+    import os
+
+    from loom.perf.plan_cache import ENV
+
+    cache.unlink(missing_ok=True)
+    os.environ[ENV] = str(cache)
+    try:
+        fill = run_loom(policy, specs, t0, horizon, make_speed(speed_kind, arena_dir), to_completion)
+        warm = run_loom(policy, specs, t0, horizon, make_speed(speed_kind, arena_dir), to_completion)
+    finally:
+        del os.environ[ENV]
+    if warm["jct_s"] != fill["jct_s"]:
+        raise SystemExit(f"{policy}: a warm plan cache changed the run")
+    return {"fill_wall_s": fill["wall_s"], "wall_s": warm["wall_s"], "cache": str(cache), "jct_s": warm["jct_s"]}
+
+
 def reduction(crius: dict[str, Any], other: dict[str, Any], max_jct: float) -> tuple[float, float] | None:
     """Crius's JCT reduction vs `other`: (finished-only means, Arena's plotter padding with max_jct)."""
     if crius.get("status") != "ok" or other.get("status") != "ok" or not crius["jct_s"] or not other["jct_s"]:
@@ -222,8 +247,9 @@ def _num(x: float | None, fmt: str = "{:,.0f}") -> str:
 
 def table(results: dict[str, dict[str, Any]]) -> str:
     head = ("| policy | finished Arena | finished Loom | avg JCT Arena s | avg JCT Loom s | makespan Arena s "
-            "| makespan Loom s | wall Arena s | wall Loom s | wall Arena/Loom | crius ΔJCT Arena | crius ΔJCT Loom |")
-    lines = [head, "| :--- |" + " ---: |" * 11]
+            "| makespan Loom s | wall Arena s | wall Loom s | wall Arena/Loom | wall Loom warm s | wall Arena/Loom warm "
+            "| crius ΔJCT Arena | crius ΔJCT Loom |")
+    lines = [head, "| :--- |" + " ---: |" * 13]
     max_jct = {sim: max((max(r[sim]["jct_s"], default=0.0) for r in results.values()
                          if r[sim].get("status") == "ok"), default=0.0) for sim in ("arena", "loom")}
     for policy, r in results.items():
@@ -237,8 +263,11 @@ def table(results: dict[str, dict[str, Any]]) -> str:
                     cells.append(f"{side['finished']}/{side['submitted']}")
                 else:
                     cells.append(_num(side.get(key), fmt="{:,.1f}" if key == "wall_s" else "{:,.0f}"))
-        ratio = a["wall_s"] / lm["wall_s"] if a.get("status") == lm.get("status") == "ok" else None
-        cells.append(_num(ratio, fmt="{:,.1f}×"))
+        ok = a.get("status") == lm.get("status") == "ok"
+        cells.append(_num(a["wall_s"] / lm["wall_s"] if ok else None, fmt="{:,.1f}×"))
+        warm = lm.get("warm")
+        cells.append(_num(warm["wall_s"] if warm else None, fmt="{:,.1f}"))
+        cells.append(_num(a["wall_s"] / warm["wall_s"] if ok and warm else None, fmt="{:,.1f}×"))
         for sim in ("arena", "loom"):
             red = reduction(results["crius"][sim], r[sim], max_jct[sim]) if "crius" in results else None
             cells.append("—" if policy == "crius" or red is None else f"{-100 * red[0]:+.1f}% "
@@ -258,6 +287,8 @@ def main() -> None:
     p.add_argument("--arena-timeout", type=float, default=0.0, help="seconds per Arena run; 0 = none")
     p.add_argument("--loom-full", action="store_true",
                    help="run Loom's subset to completion instead of stopping at Arena's last round")
+    p.add_argument("--plan-cache", type=Path, default=None,
+                   help="also time Loom warm: with a plan cache DIR/POLICY.sqlite filled by a first run")
     p.add_argument("--resume", action="store_true", help="reuse OUT/POLICY.json files already written")
     p.add_argument("--reuse-arena", action="store_true", help="rerun only Loom where OUT/POLICY.json has Arena's")
     args = p.parse_args()
@@ -285,6 +316,12 @@ def main() -> None:
         jobs = [replace(x, deadline=x.submit_time + LOOSE_DEADLINE_S) for x in specs] \
             if policy == "elasticflow" else specs
         loom = run_loom(policy, jobs, t0, horizon, make_speed(args.speed_model, args.arena_dir), args.loom_full)
+        if args.plan_cache is not None:
+            args.plan_cache.mkdir(parents=True, exist_ok=True)
+            loom["warm"] = run_loom_warm(policy, jobs, t0, horizon, args.speed_model, args.arena_dir, args.loom_full,
+                                         args.plan_cache / f"{policy}.sqlite")
+            if loom["warm"].pop("jct_s") != loom["jct_s"]:
+                raise SystemExit(f"{policy}: the run with a plan cache differs from the cold one")
         print(f"{policy}: Loom finished {loom['finished']}/{loom['submitted']} in {loom['wall_s']:.1f} s", flush=True)
         results[policy] = {"policy": policy, "rounds": args.rounds, "speed_model": args.speed_model,
                            "horizon_s": horizon, "t0_s": t0, "arena": arena, "loom": loom}

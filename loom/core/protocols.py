@@ -61,7 +61,7 @@ POLICIES: Registry[type] = Registry(
     ("loom.policies.fcfs", "loom.policies.sjf", "loom.policies.easy", "loom.policies.priority",
      "loom.policies.quota", "loom.policies.reservation", "loom.policies.crius", "loom.policies.gavel",
      "loom.policies.gandiva", "loom.policies.elasticflow", "loom.policies.sia", "loom.policies.sia_arena",
-     "loom.policies.sla"),
+     "loom.policies.gavel_arena", "loom.policies.sla"),
 )
 PLACERS: Registry[type] = Registry(
     "placer",

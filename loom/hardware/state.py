@@ -8,7 +8,7 @@ and try placements on it without touching the live state.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -23,10 +23,10 @@ class Allocation:
 
     nodes: tuple[int, ...]
     gpus: tuple[int, ...]
+    total: int = field(init=False, compare=False, repr=False)  # sum(gpus): policies ask for it millions of times
 
-    @property
-    def total(self) -> int:
-        return sum(self.gpus)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total", sum(self.gpus))
 
     @classmethod
     def single(cls, node: int, gpus: int) -> Allocation:
