@@ -18,7 +18,8 @@ Arena (``sjtu-epcc/arena``, branch ``ae-eurosys``), as its artifact runs it
 --------------------------------------------------------------------------
 * Flags: ``--trace_type=philly --enable_alpa``; crius adds ``--sched_with_opt``;
   Loom's ``elasticflow`` maps to ``elasticflow-l`` (the paper's ElasticFlow-LS:
-  deadline 1e9 s, every job admitted).
+  deadline 1e9 s, every job admitted); Loom's ``gavel-arena`` (Arena's Gavel
+  rebuilt) and ``gavel`` (the paper's) both run beside Arena's gavel.
 * Rounds of 300 s from t0 = first submission. Round k (clock t0 + 300k)
   advances running jobs over the last interval, ends those that ran out, then
   submits the jobs with submission time in (t0 + 300k, t0 + 300(k+1)] — up to
@@ -94,6 +95,7 @@ ARENA_FLAGS: dict[str, list[str]] = {
     "fcfs": ["--policy=fcfs"],
     "crius": ["--policy=crius", "--sched_with_opt"],
     "gavel": ["--policy=gavel"],
+    "gavel-arena": ["--policy=gavel"],  # Loom's rebuild of Arena's Gavel, against Arena's own
     "sia": ["--policy=sia"],
     "elasticflow": ["--policy=elasticflow-l"],
 }

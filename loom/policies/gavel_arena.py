@@ -85,11 +85,10 @@ Parameters: `round_s` (in [1, 3600], default 300), `restart_s_per_gpu` (≥ 0,
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from loom.core.context import SchedulingContext
-from loom.core.decisions import Decision, Migrate, Preempt, Resume, Timer
+from loom.core.decisions import Decision, Migrate, Preempt, Resume
 from loom.core.jobs import Job
 from loom.core.protocols import POLICIES
 from loom.core.round import RoundPlan
@@ -98,7 +97,7 @@ from loom.perf.inputs import Hardware, TrainingJob
 from loom.perf.presets import preset, preset_names
 from loom.perf.search import Choices, search_plans
 from loom.policies.elasticflow import check_number, healthy_capacities, place_on
-from loom.policies.sia_arena import EPS, SiaArena, check_bool
+from loom.policies.sia_arena import ArenaRounds, SiaArena, check_bool
 from loom.policies.throughput import Throughputs
 from loom.workload.job import JobSpec
 
@@ -135,11 +134,7 @@ class GavelArena:
         self.restarts: dict[str, int] = {}  # job id → starts + moves so far
         self.believed: dict[str, str] = {}  # admitted job id → GPU type the last MIP gave it (admission order)
         self.solves = 0  # admission MIPs posed (also those the capacity pre-check answers)
-        self._anchor: float | None = None
-        self._last_round = -math.inf
-        self._timer_at = -math.inf
-        self._seen: set[str] = set()
-        self._live: set[str] = set()
+        self._rounds = ArenaRounds(self.round_s, self.name)
         self._tp: Throughputs | None = None
         self._rows: dict[str, Row] = {}
         self._dp_memo: dict[tuple, bool] = {}  # (model, batch, GPUs, type) → `_dp_fits`
@@ -193,23 +188,9 @@ class GavelArena:
             self._tp = Throughputs(ctx.topology)
             self._rows.clear()
             self._dp_memo.clear()
-        if self._anchor is None:
-            self._anchor = ctx.now
-        steps = math.ceil((ctx.now - self._anchor) / self.round_s - EPS)
-        boundary = self._anchor + steps * self.round_s
-        live = set(ctx.pending) | set(ctx.running)
-        arrived = [j for j in ctx.pending.values() if j.job_id not in self._seen]
-        departed = bool(self._live - live)
-        if not arrived and not departed:
-            return []
-        if ctx.now < boundary - EPS:  # between rounds: wake up at the next one
-            if self._timer_at == boundary:
-                return []
-            self._timer_at = boundary
-            return [Timer(boundary, f"gavel-arena: next {self.round_s:.0f}-s round")]
-        if ctx.now == self._last_round:
-            return []
-        self._last_round = ctx.now
+        wait, arrived, departed, live = self._rounds.news(ctx)
+        if wait is not None:
+            return wait
         for jid in [j for j in self.believed if j not in ctx.running]:  # ended since the last round
             del self.believed[jid]
             self._rows.pop(jid, None)
@@ -219,20 +200,20 @@ class GavelArena:
         plan = RoundPlan(ctx)
         if departed:  # restart trial of the waiting jobs, in queue order
             blocked: set[str | None] = set()
-            waiting = [j for j in ctx.pending.values() if j.job_id in self._seen and j.job_id not in self.dropped]
+            waiting = [j for j in ctx.pending.values() if j.job_id in self._rounds.seen and j.job_id not in self.dropped]
             for job in sorted(waiting, key=lambda j: (j.spec.submit_time, j.key)):
                 if job.spec.gpu_type in blocked:
                     continue
                 if not self._fit(plan, job):
                     blocked.add(job.spec.gpu_type)
         for job in sorted(arrived, key=lambda j: (j.spec.submit_time, j.key)):
-            self._seen.add(job.job_id)
+            self._rounds.seen.add(job.job_id)
             if not any(self._runs(job, t) for t in ctx.topology.gpu_types):  # Arena's check skips the OOM test
                 self.dropped[job.job_id] = f"cannot run on {job.spec.gpus} GPUs of any type"
                 self._rows.pop(job.job_id, None)
                 continue
             self._fit(plan, job)
-        self._live = live
+        self._rounds.live = live
         return plan.decisions
 
     # -- admission control: the MIP -----------------------------------------------

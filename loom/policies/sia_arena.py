@@ -92,6 +92,43 @@ def check_bool(value: object, name: str) -> bool:
     return value
 
 
+class ArenaRounds:
+    """Arena's scheduling rounds, shared by the Arena baselines: decisions only on a `round_s`
+    grid anchored at the first call, and only in rounds with news — jobs not `seen` before, or
+    jobs gone since the last round (`live`) — an arrival or completion between grid points asks
+    for a `Timer` at the next one (simulator.py `Simulator.simulate`, scheduler.py `_update_timer`)."""
+
+    def __init__(self, round_s: float, name: str) -> None:
+        self.round_s, self.name = round_s, name
+        self.anchor: float | None = None
+        self.last_round = -math.inf
+        self.timer_at = -math.inf
+        self.seen: set[str] = set()
+        self.live: set[str] = set()  # jobs queued or running after the last round
+
+    def news(self, ctx: SchedulingContext) -> tuple[list[Decision] | None, list[Job], bool, set[str]]:
+        """(what to return now instead of running a round — None: run one —, jobs that arrived,
+        whether any left, the ids queued or running now)."""
+        if self.anchor is None:
+            self.anchor = ctx.now
+        steps = math.ceil((ctx.now - self.anchor) / self.round_s - EPS)
+        boundary = self.anchor + steps * self.round_s
+        live = set(ctx.pending) | set(ctx.running)
+        arrived = [j for j in ctx.pending.values() if j.job_id not in self.seen]
+        departed = bool(self.live - live)
+        if not arrived and not departed:
+            return [], arrived, departed, live
+        if ctx.now < boundary - EPS:  # between rounds: wake up at the next one
+            if self.timer_at == boundary:
+                return [], arrived, departed, live
+            self.timer_at = boundary
+            return [Timer(boundary, f"{self.name}: next {self.round_s:.0f}-s round")], arrived, departed, live
+        if ctx.now == self.last_round:
+            return [], arrived, departed, live
+        self.last_round = ctx.now
+        return None, arrived, departed, live
+
+
 @POLICIES.register("sia-arena")
 class SiaArena:
     name = "sia-arena"
@@ -108,11 +145,7 @@ class SiaArena:
         self.first_start_cost = check_bool(first_start_cost, "first_start_cost")
         self.dropped: dict[str, str] = {}  # job id → why it is never started
         self.restarts: dict[str, int] = {}  # job id → starts + moves so far (Arena's resched count)
-        self._anchor: float | None = None
-        self._last_round = -math.inf
-        self._timer_at = -math.inf
-        self._seen: set[str] = set()
-        self._live: set[str] = set()  # jobs queued or running after the last round
+        self._rounds = ArenaRounds(self.round_s, self.name)
         self._tp: Throughputs | None = None
         self._speeds: dict[tuple[str, str], float] = {}  # (job, type) → `_speed`
 
@@ -145,36 +178,22 @@ class SiaArena:
         if self._tp is None or self._tp.topology is not ctx.topology:
             self._tp = Throughputs(ctx.topology)
             self._speeds.clear()
-        if self._anchor is None:
-            self._anchor = ctx.now
-        steps = math.ceil((ctx.now - self._anchor) / self.round_s - EPS)
-        boundary = self._anchor + steps * self.round_s
-        live = set(ctx.pending) | set(ctx.running)
-        arrived = [j for j in ctx.pending.values() if j.job_id not in self._seen]
-        departed = bool(self._live - live)
-        if not arrived and not departed:
-            return []
-        if ctx.now < boundary - EPS:  # between rounds: wake up at the next one
-            if self._timer_at == boundary:
-                return []
-            self._timer_at = boundary
-            return [Timer(boundary, f"sia-arena: next {self.round_s:.0f}-s round")]
-        if ctx.now == self._last_round:
-            return []
-        self._last_round = ctx.now
+        wait, arrived, departed, live = self._rounds.news(ctx)
+        if wait is not None:
+            return wait
         plan = RoundPlan(ctx)
         touched: set[str] = set()
         if departed:  # restart trial of the waiting jobs, in queue order
-            for job in [j for j in ctx.pending.values() if j.job_id in self._seen]:
+            for job in [j for j in ctx.pending.values() if j.job_id in self._rounds.seen]:
                 if job.job_id not in self.dropped:
                     self._fit(plan, job, touched)
         for job in sorted(arrived, key=lambda j: (j.spec.submit_time, j.key)):
-            self._seen.add(job.job_id)
+            self._rounds.seen.add(job.job_id)
             if not any(self._runs(job, t, job.spec.gpus) for t in self._types(ctx, job)):
                 self.dropped[job.job_id] = f"cannot run on {job.spec.gpus} GPUs of any type"
                 continue
             self._fit(plan, job, touched)
-        self._live = live
+        self._rounds.live = live
         return plan.decisions
 
     def _fit(self, plan: RoundPlan, job: Job, touched: set[str]) -> bool:
