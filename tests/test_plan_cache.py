@@ -119,3 +119,20 @@ def test_simulate_with_a_plan_cache_gives_the_same_run(tmp_path, monkeypatch):
 
 def _keys(cache: PlanCache) -> list[str]:
     return [row[0] for row in cache._db.execute("SELECT key FROM plans")]
+
+
+def test_experiment_workers_share_the_plan_cache(tmp_path, monkeypatch):
+    """`loom experiment --plan-cache`: the runs (separate worker processes) fill one file."""
+    import yaml
+
+    monkeypatch.delenv(ENV, raising=False)
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(yaml.safe_dump({"trace": "arena-philly", "cluster": "arena-1280", "speed_model": "estimator",
+                                   "limit_jobs": 10, "outputs": {"report": False},
+                                   "grid": {"policies": ["fcfs", "easy"]}}))
+    cache = tmp_path / "shared.sqlite"
+    res = CliRunner().invoke(app, ["experiment", str(exp), "--out", str(tmp_path / "out"), "--workers", "2",
+                                   "--plan-cache", str(cache)])
+    monkeypatch.delenv(ENV, raising=False)
+    assert res.exit_code == 0, res.output
+    assert len(PlanCache(cache)) > 0
