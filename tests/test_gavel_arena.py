@@ -62,7 +62,8 @@ def test_registered():
 @pytest.mark.parametrize("field, value", [
     ("round_s", 0), ("round_s", 4000), ("restart_s_per_gpu", -1), ("restart_cap_s", float("nan")),
     ("max_moves", -1), ("max_moves", 2.5), ("quantise_cost", 1), ("first_start_cost", "yes"),
-    ("solve_limit", 0), ("solve_limit", "10"), ("dp_memory_check", None),
+    ("solve_limit", 0), ("solve_limit", "10"), ("dp_memory_check", None), ("search_nodes", -1),
+    ("search_nodes", 1.5),
 ])
 def test_bad_params_name_the_field(field, value):
     with pytest.raises(LoomInputError) as err:
@@ -84,19 +85,21 @@ def test_admits_on_best_type_then_next_best_when_full():
     assert not of_kind(result, Preempt) and not of_kind(result, Resize)
 
 
+@pytest.mark.parametrize("search_nodes", [20_000, 0])  # the exact move search; CP-SAT alone
 @pytest.mark.parametrize("max_moves, expect", [(3, 3), (10, 5), (0, 0)])
-def test_at_most_max_moves_type_changes_per_fit(max_moves, expect):
+def test_at_most_max_moves_type_changes_per_fit(max_moves, expect, search_nodes):
     a100 = ("A100-40GB",)
     specs = [spec("x", 0, 8, 900, gpu_types=a100, **MODEL)]  # fills the A100s
     specs += [spec(f"j{i}", 0, 1, 50000, **MODEL) for i in range(5)]  # so these go to A10
     specs += [spec("y", 1100, 1, 50000, gpu_types=("A10",), **MODEL)]  # x has ended: its fit moves jobs
     policy, result, jobs = run(typed(("a100-000", "A100-40GB", 8), ("a10-000", "A10", 8)), specs,
-                               max_moves=max_moves)
+                               max_moves=max_moves, search_nodes=search_nodes)
     moves = [d for d in of_kind(result, Migrate) if "by the MIP" in d.reason]
     assert len(moves) == expect
     assert all(type_at(result, d.allocation) == "A100-40GB" for d in moves)
     assert sum(policy.believed.get(f"j{i}") == "A100-40GB" for i in range(5)) in (expect, 0)
     assert jobs["y"].first_start == pytest.approx(1200.0)
+    assert (policy.cp_sat_solves > 0) == (search_nodes == 0)
 
 
 def test_job_no_type_can_run_is_dropped():
