@@ -296,7 +296,8 @@ def test_throughputs_memo_matches_fresh(hetero):
     memo = Throughputs(hetero)
     specs = [JobSpec("a", 0, 4, model="bert__760M", batch_size=128),
              JobSpec("b", 0, 4, model="bert__760M", batch_size=128, gpu_type="V100"),
-             JobSpec("c", 0, 2, model=None), JobSpec("d", 0, 8, model="no-such-model")]
+             JobSpec("c", 0, 2, model=None), JobSpec("d", 0, 8, model="no-such-model"),
+             JobSpec("big", 0, 4, model="gpt3-175b", batch_size=32)]  # fits nowhere
     for _ in range(2):  # the second pass answers from the memo
         for spec in specs:
             for gpu_type in hetero.gpu_types:
@@ -306,4 +307,7 @@ def test_throughputs_memo_matches_fresh(hetero):
                         assert memo.of(spec, gpu_type, gpus, dp_only) == fresh.of(spec, gpu_type, gpus, dp_only)
                         assert memo.normalised(spec, gpu_type, gpus, dp_only) == \
                             fresh.normalised(spec, gpu_type, gpus, dp_only)
+                    # `runs` (a feasibility search) agrees with the best plan's throughput, before or after `of`
+                    assert Throughputs(hetero).runs(spec, gpu_type, gpus) == (fresh.of(spec, gpu_type, gpus) > 0)
+                    assert memo.runs(spec, gpu_type, gpus) == (fresh.of(spec, gpu_type, gpus) > 0)
     assert memo.of(specs[2], hetero.gpu_types[0], 3) == 1.5  # no preset: linear in the request

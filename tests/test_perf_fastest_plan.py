@@ -10,7 +10,7 @@ from loom.perf import preset
 from loom.perf.estimator import Estimator
 from loom.perf.inputs import Hardware, Placement, PlanError, TrainingJob, check_plan
 from loom.perf.presets import preset_names
-from loom.perf.search import Choices, candidate_plans, fastest_plan, search_plans
+from loom.perf.search import Choices, any_plan_fits, candidate_plans, fastest_plan, search_plans
 
 CHOICES = (Choices(), Choices(vpp=1), Choices(tp=1, pp=1, vpp=1), Choices(zero=1), Choices(recompute="none"))
 
@@ -35,6 +35,8 @@ def test_fastest_plan_is_the_best_of_a_full_search(case):
     full = search_plans(job, hardware, gpus, choices=choices, placement=placement, top=1, estimator=Estimator())
     fast = fastest_plan(job, hardware, gpus, choices=choices, placement=placement, estimator=Estimator())
     assert fast == full.best
+    assert any_plan_fits(job, hardware, gpus, choices=choices, placement=placement,
+                         estimator=Estimator()) == (full.best is not None)
     # or_unfit: when nothing fits, the plan of least iteration time (first among equals)
     unfit = fastest_plan(job, hardware, gpus, choices=choices, placement=placement, estimator=Estimator(),
                          or_unfit=True)

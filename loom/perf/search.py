@@ -133,6 +133,24 @@ def fastest_plan(
     return None if best is None else est.estimate(job, hardware, best, placement)
 
 
+def any_plan_fits(job: TrainingJob, hardware: Hardware, gpus: int, *, placement: Placement = PACKED,
+                  choices: Choices = Choices(), estimator: Estimator | None = None) -> bool:
+    """Whether `search_plans(...).best` exists, i.e. some valid plan fits in memory: asks
+    `Estimator.fits` plan by plan and stops at the first yes (no plan is priced)."""
+    est = estimator or default_estimator()
+    valid: dict[tuple[int, int, int, int], bool] = {}
+    for plan in candidate_plans(job, hardware, gpus, choices):
+        if (ok := valid.get(shape := (plan.tp, plan.pp, plan.micro_batch, plan.virtual_stages))) is None:
+            try:
+                check_plan(job, plan, gpus)
+                ok = valid[shape] = True
+            except PlanError:
+                ok = valid[shape] = False
+        if ok and est.fits(job, hardware, plan, placement):
+            return True
+    return False
+
+
 def _search(est: Estimator, job: TrainingJob, hardware: Hardware, gpus: int, placement: Placement, choices: Choices,
             or_unfit: bool) -> ParallelPlan | None:
     plans: list[ParallelPlan] = []

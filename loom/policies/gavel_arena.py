@@ -169,7 +169,7 @@ class GavelArena:
         """Allowed type on which the best plan at the requested count runs."""
         assert self._tp is not None
         spec = job.spec
-        return (not spec.gpu_types or gpu_type in spec.gpu_types) and self._tp.of(spec, gpu_type, spec.gpus) > 0
+        return (not spec.gpu_types or gpu_type in spec.gpu_types) and self._tp.runs(spec, gpu_type, spec.gpus)
 
     def _dp_fits(self, ctx: SchedulingContext, spec: JobSpec, gpu_type: str) -> bool:
         """Whether a plain data-parallel plan (every GPU holds the whole model and optimizer

@@ -168,7 +168,7 @@ class SiaArena:
 
     def _runs(self, job: Job, gpu_type: str, gpus: int) -> bool:
         assert self._tp is not None
-        return self._tp.of(job.spec, gpu_type, gpus) > 0
+        return self._tp.runs(job.spec, gpu_type, gpus)
 
     def _types(self, ctx: SchedulingContext, job: Job) -> list[str]:
         return [t for t in ctx.topology.gpu_types if not job.spec.gpu_types or t in job.spec.gpu_types]

@@ -22,7 +22,7 @@ from loom.hardware.topology import Topology
 from loom.perf.estimator import Estimator
 from loom.perf.inputs import Hardware, TrainingJob
 from loom.perf.presets import preset, preset_names
-from loom.perf.search import Choices, fastest_plan
+from loom.perf.search import Choices, any_plan_fits, fastest_plan
 from loom.workload.job import JobSpec
 
 DEFAULT_BATCH = 256
@@ -60,6 +60,25 @@ class Throughputs:
         if per_node is None:
             per_node = self._per_node[gpu_type] = self.topology.gpus_per_node(gpu_type)
         return self._cached(spec.model, spec.batch_size or self.default_batch, gpu_type, gpus, per_node, dp_only)
+
+    def runs(self, spec: JobSpec, gpu_type: str, gpus: int) -> bool:
+        """Whether `of(spec, gpu_type, gpus) > 0` (some plan fits), without finding the best plan."""
+        key = (spec.model, spec.batch_size, spec.gpus, gpu_type, gpus, "runs")
+        value = self._of.get(key)
+        if value is None:
+            if gpus <= 0 or not spec.model or spec.model not in self._presets:
+                value = gpus > 0
+            elif (known := self._of.get(key[:5] + (False,))) is not None:
+                value = known > 0
+            else:
+                batch = spec.batch_size or self.default_batch
+                job = TrainingJob(preset(spec.model), -(-batch // gpus) * gpus)
+                hardware = Hardware(gpu_type, gpus_per_node=self.topology.gpus_per_node(gpu_type))
+                value = any_plan_fits(job, hardware, gpus, choices=Choices(vpp=1), estimator=self.estimator)
+            if len(self._of) >= _MEMO_LIMIT:
+                self._of.clear()
+            self._of[key] = value
+        return bool(value)
 
     def normalised(self, spec: JobSpec, gpu_type: str, gpus: int, dp_only: bool = False) -> float:
         """Throughput relative to the job's request (its GPU count on its GPU type, or the
