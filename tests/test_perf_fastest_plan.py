@@ -10,7 +10,13 @@ from loom.perf import preset
 from loom.perf.estimator import Estimator
 from loom.perf.inputs import Hardware, Placement, PlanError, TrainingJob, check_plan
 from loom.perf.presets import preset_names
-from loom.perf.search import Choices, any_plan_fits, candidate_plans, fastest_plan, search_plans
+from loom.perf.search import (
+    Choices,
+    any_plan_fits,
+    candidate_plans,
+    fastest_plan,
+    search_plans,
+)
 
 CHOICES = (Choices(), Choices(vpp=1), Choices(tp=1, pp=1, vpp=1), Choices(zero=1), Choices(recompute="none"))
 

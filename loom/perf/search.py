@@ -14,7 +14,14 @@ from dataclasses import dataclass, replace
 
 from loom.core.plan import RECOMPUTE_MODES, ParallelPlan
 from loom.perf.estimator import Estimate, Estimator, default_estimator
-from loom.perf.inputs import PACKED, Hardware, Placement, PlanError, TrainingJob, check_plan
+from loom.perf.inputs import (
+    PACKED,
+    Hardware,
+    Placement,
+    PlanError,
+    TrainingJob,
+    check_plan,
+)
 
 MAX_MICRO_BATCH = 16
 VIRTUAL_STAGES = (1, 2, 3, 4, 6, 8)
