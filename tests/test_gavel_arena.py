@@ -15,6 +15,7 @@ from loom.hardware.importers._common import INVENTORY_TIERS, group_inventory
 from loom.hardware.topology import Topology
 from loom.placement.first_fit import FirstFit
 from loom.policies.gavel_arena import GavelArena
+from loom.policies.move_search import NoGainProofs
 from loom.sim.engine import Simulation
 from loom.sim.estimator_speed import EstimatorSpeed
 from loom.workload.job import JobSpec
@@ -181,3 +182,17 @@ def test_dp_memory_check_like_arena_oom():
     policy, result, jobs = run(topo, specs, dp_memory_check=False)
     assert type_at(result, next(d for d in of_kind(result, Start) if d.job_id == "mid").allocation) != "A40"
     assert jobs["big"].end_time is not None
+
+
+def test_proofs_skip_searches_without_changing_a_decision(monkeypatch):
+    specs = sorted(load_trace("arena-philly"), key=lambda s: s.submit_time)[:150]
+
+    def decisions():
+        policy = GavelArena()
+        result = Simulation(arena_1280(), specs, policy, FirstFit(), EstimatorSpeed()).run()
+        return policy, [(t, repr(d)) for t, d in result.decisions]
+    with_proofs, expected = decisions()
+    assert with_proofs.proofs.answered > 0
+    monkeypatch.setattr(NoGainProofs, "_settled", lambda *a: None)
+    searched, got = decisions()
+    assert searched.proofs.answered == 0 and got == expected

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from loom.policies.move_search import JobGroup, SearchLimit, solve_moves
+from loom.policies.move_search import JobGroup, NoGainProofs, SearchLimit, solve_moves
 
 SIZES = (1, 2, 4, 8)
 
@@ -120,3 +120,50 @@ def test_node_limit_hands_the_instance_back():
     with pytest.raises(SearchLimit):
         solve_moves(groups, 4, (0, 5, 1), caps, 3, node_limit=0)
     assert solve_moves(groups, 4, (0, 5, 1), caps, 3) is not None
+
+
+def _place(groups, size, where, values):
+    """The groups once a target of `size` GPUs runs on type `where`."""
+    for i, g in enumerate(groups):
+        if (g.size, g.current, g.values) == (size, where, values):
+            return [*groups[:i], g._replace(count=g.count + 1), *groups[i + 1:]]
+    return [*groups, JobGroup(1, size, where, values)]
+
+
+@settings(max_examples=150, deadline=None)
+@given(instances(), st.lists(st.tuples(st.sampled_from(SIZES), st.lists(st.integers(0, 3), min_size=4,
+                                                                          max_size=4)), min_size=1, max_size=8))
+def test_proofs_never_change_an_answer(instance, targets):
+    """A run of admissions against one job set: answers from `NoGainProofs` (with their carry to
+    the grown set after each placement) equal a fresh search's."""
+    groups, _, _, caps, k = instance
+    proofs = NoGainProofs(k)
+    for size, values in targets:
+        values = tuple(values[:len(caps)])
+        found = proofs.solve(groups, size, values, caps)
+        fresh = solve_moves(groups, size, values, caps, k)
+        assert (found is None) == (fresh is None)
+        if found is None:
+            continue
+        assert (found.value, found.moves, found.target_type) == (fresh.value, fresh.moves, fresh.target_type)
+        check_answer(found, groups, size, values, caps, k)
+        if found.moves == 0:
+            proofs.placed()
+            groups = _place(groups, size, found.target_type, values)
+
+
+def test_proofs_answer_larger_targets_without_a_search():
+    # type 1 is full of jobs that would gain on type 0, which is full too: no move gains
+    groups = [JobGroup(2, 4, 1, (9, 5, 0)), JobGroup(2, 4, 0, (9, 1, 0))]
+    caps = [8, 8, 16]
+    proofs = NoGainProofs(3)
+    assert proofs.solve(groups, 2, (0, 0, 0), caps).target_type == 2 and proofs.answered == 0
+    assert proofs.solve(groups, 4, (0, 0, 0), caps).target_type == 2 and proofs.answered == 1
+    assert proofs.solve(groups, 1, (0, 0, 0), caps) is not None and proofs.answered == 1  # smaller: searched
+    # placed where it is best: the proofs carry to the grown set
+    proofs.solve(groups, 4, (0, 0, 3), caps)
+    proofs.placed()
+    grown = _place(groups, 4, 2, (0, 0, 3))
+    assert proofs.solve(grown, 8, (0, 0, 0), caps).target_type == 2 and proofs.answered == 3
+    # a different set (a job has ended): nothing is known about it
+    assert proofs.solve(grown[1:], 4, (0, 0, 0), caps) is not None and proofs.answered == 3

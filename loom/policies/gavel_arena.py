@@ -102,7 +102,7 @@ from loom.perf.inputs import Hardware, TrainingJob
 from loom.perf.presets import preset, preset_names
 from loom.perf.search import Choices, search_plans
 from loom.policies.elasticflow import check_number, healthy_capacities, place_on
-from loom.policies.move_search import JobGroup, SearchLimit, solve_moves
+from loom.policies.move_search import JobGroup, NoGainProofs, SearchLimit
 from loom.policies.sia_arena import ArenaRounds, SiaArena, check_bool
 from loom.policies.throughput import Throughputs
 from loom.workload.job import JobSpec
@@ -142,6 +142,7 @@ class GavelArena:
         self.believed: dict[str, str] = {}  # admitted job id → GPU type the last MIP gave it (admission order)
         self.solves = 0  # admission MIPs posed (also those the capacity pre-check answers)
         self.cp_sat_solves = 0  # of those, left to CP-SAT by the exact move search (node limit)
+        self.proofs = NoGainProofs(self.max_moves)  # lets most admissions skip the search
         self._rounds = ArenaRounds(self.round_s, self.name)
         self._tp: Throughputs | None = None
         self._rows: dict[str, Row] = {}
@@ -235,15 +236,16 @@ class GavelArena:
         self.solves += 1
         if not self._may_fit(sizes, prev, caps):
             return None
-        penalty = sum(max(max(r), 0) for r in rows) + 1
-        value = [[v if v >= 0 else -penalty for v in r] for r in rows]
         members: dict[tuple, list[int]] = {}
         for j in range(n - 1):
             members.setdefault((rows[j], sizes[j], prev[j]), []).append(j)
         classes = [*members.items(), ((rows[-1], sizes[-1], -1), [n - 1])]
-        groups = [JobGroup(len(js), size, p, tuple(value[js[0]])) for (_, size, p), js in classes[:-1]]
+        penalty = sum(max(max(row), 0) * len(js) for (row, _, _), js in classes) + 1
+        worth = {row: tuple(v if v >= 0 else -penalty for v in row) for (row, _, _), _ in classes}
+        value = [worth[row] for row in rows]
+        groups = [JobGroup(len(js), size, p, worth[row]) for (row, size, p), js in classes[:-1]]
         try:
-            found = solve_moves(groups, sizes[-1], tuple(value[-1]), caps, self.max_moves, self.search_nodes)
+            found = self.proofs.solve(groups, sizes[-1], worth[rows[-1]], caps, self.search_nodes)
             counts = None if found is None else [*found.counts, [int(t == found.target_type) for t in types]]
         except SearchLimit:  # a hard instance: CP-SAT
             self.cp_sat_solves += 1
@@ -327,7 +329,8 @@ class GavelArena:
         ctx = plan.ctx
         types = ctx.topology.gpu_types
         ids = list(self.believed)
-        rows = [self._row(ctx, self._jobs[i]) for i in ids] + [self._row(ctx, job)]
+        known = self._rows
+        rows = [known.get(i) or self._row(ctx, self._jobs[i]) for i in ids] + [self._row(ctx, job)]
         sizes = [self._where[i].total for i in ids] + [job.spec.gpus]
         prev = [types.index(self.believed[i]) for i in ids]
         caps = healthy_capacities(ctx.state)
@@ -364,6 +367,7 @@ class GavelArena:
         plan.start(job, alloc, f"gavel-arena: admitted on {job.spec.gpus} × {target_type}, DP estimate "
                                f"{thr:.3g} it/s ({len(moved)} job(s) change type)")
         self.believed[job.job_id] = target_type
+        self.proofs.placed()
         self._jobs[job.job_id] = job
         self._where[job.job_id] = alloc
         pause = self._pay(job.job_id, job.spec.gpus)

@@ -42,8 +42,7 @@ class SearchLimit(Exception):
     """The search visited more nodes than allowed; solve the instance another way."""
 
 
-@dataclass(frozen=True)
-class JobGroup:
+class JobGroup(NamedTuple):  # a NamedTuple: callers make dozens per solve
     """Admitted jobs alike in size, current type and throughput per type."""
 
     count: int
@@ -335,3 +334,88 @@ class _Search:
             uses.pop()
             if exact == optimistic + g:
                 break  # no job shared with earlier moves: nothing later can do better
+
+
+class NoGainProofs:
+    """What earlier answers proved about the current set of admitted jobs, so that most
+    admissions need no search at all.
+
+    For the admitted jobs as they stand (`config`: their sizes, types and throughput rows, and
+    the capacities), `sigma[t]` is the smallest target size for which it is proven that no ≤ k
+    moves gain while the target sits on type t (∞: nothing known). A search whose optimum moves
+    nobody proves it for every type valued like the target's. Less room gains no more, so the
+    proof holds for every larger target; a later target whose best type has room and is no
+    better anywhere else is then answered at once: nobody moves, it goes on that type. When a
+    target is placed on a type that is best for it without moves, the proofs carry over to the
+    grown set (a move of that job loses, and any other gaining set would have gained without
+    it). Anything else that changes the set (completions, moves) makes a new `config`, which
+    starts with nothing proven. Proofs are not used while an admitted job sits on a type it
+    cannot use: the penalty on such entries grows with the job set, and so could a move's gain.
+    """
+
+    def __init__(self, max_moves: int) -> None:
+        self.max_moves = max_moves
+        self.config: tuple | None = None
+        self.sigma: list[float] = []
+        self.answered = 0  # answers given without a search
+        self._grown: tuple[tuple, list[float]] | None = None  # config and proofs once the target is placed
+
+    @staticmethod
+    def config_of(groups: list[JobGroup], caps: list[int]) -> tuple:
+        """The job set as a hashable value (a penalty entry, whatever its size, as −1)."""
+        return frozenset((g.size, g.current, _rowed(g.values), g.count) for g in groups), tuple(caps)
+
+    def solve(self, groups: list[JobGroup], target_size: int, target_values: tuple[int, ...], caps: list[int],
+              node_limit: int = 20_000) -> Placement | None:
+        """`solve_moves`, answered from the proofs when they settle it (raises `SearchLimit` as it does)."""
+        config = self.config_of(groups, caps)
+        if config != self.config:
+            self.config, self.sigma = config, [float("inf")] * len(caps)
+        self._grown = None
+        found = self._settled(groups, target_size, target_values, caps)
+        if found is not None:
+            self.answered += 1
+        else:
+            found = solve_moves(groups, target_size, target_values, caps, self.max_moves, node_limit)
+        if found is not None and found.moves == 0:
+            here = target_values[found.target_type]
+            for t, v in enumerate(target_values):
+                if v == here:
+                    self.sigma[t] = min(self.sigma[t], target_size)
+            if here == max(target_values) and here >= 0:
+                self._grown = (self._with(config, target_size, found.target_type, target_values), list(self.sigma))
+        return found
+
+    def placed(self) -> None:
+        """The last answer's target now runs where it said: carry the proofs to the grown set."""
+        if self._grown is not None:
+            self.config, self.sigma = self._grown
+            self._grown = None
+
+    def _settled(self, groups: list[JobGroup], size: int, values: tuple[int, ...], caps: list[int]) -> Placement | None:
+        if any(g.values[g.current] < 0 for g in groups) or any(size < s for s in self.sigma):
+            return None
+        free = list(caps)
+        for g in groups:
+            free[g.current] -= g.size * g.count
+        room = [t for t in range(len(caps)) if free[t] >= size]
+        if not room or min(free) < 0:
+            return None
+        best = max(values[t] for t in room)
+        if any(v > best for v in values):
+            return None
+        target_type = min(t for t in room if values[t] == best)
+        counts = [[g.count if t == g.current else 0 for t in range(len(caps))] for g in groups]
+        return Placement(target_type, counts, sum(g.values[g.current] * g.count for g in groups) + best, 0)
+
+    @staticmethod
+    def _with(config: tuple, size: int, where: int, values: tuple[int, ...]) -> tuple:
+        jobs, caps = config
+        counts = {(s, c, v): n for s, c, v, n in jobs}
+        key = (size, where, _rowed(values))
+        counts[key] = counts.get(key, 0) + 1
+        return frozenset((*k, n) for k, n in counts.items()), caps
+
+
+def _rowed(values: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(v if v >= 0 else -1 for v in values)
