@@ -45,7 +45,14 @@ from loom.core.decisions import Decision, Timer
 from loom.core.jobs import Job
 from loom.core.protocols import POLICIES
 from loom.core.round import RoundPlan
-from loom.policies.elasticflow import Target, apply_targets, check_number, healthy_capacity, power_sizes, type_of
+from loom.policies.elasticflow import (
+    Target,
+    apply_targets,
+    check_number,
+    healthy_capacity,
+    power_sizes,
+    type_of,
+)
 from loom.policies.throughput import Throughputs
 
 EPSILON = 1e-3  # goodput of "no GPUs" in the utility (x^p is infinite at 0 for p < 0)
