@@ -97,6 +97,7 @@ ARENA_FLAGS: dict[str, list[str]] = {
     "gavel": ["--policy=gavel"],
     "gavel-arena": ["--policy=gavel"],  # Loom's rebuild of Arena's Gavel, against Arena's own
     "sia": ["--policy=sia"],
+    "sia-arena": ["--policy=sia"],  # Loom's rebuild of Arena's Sia, against Arena's own
     "elasticflow": ["--policy=elasticflow-l"],
 }
 _ROUND = re.compile(r"Event-stream scheduling round:\s+(\d+)")
@@ -293,6 +294,7 @@ def main() -> None:
                    help="also time Loom warm: with a plan cache DIR/POLICY.sqlite filled by a first run")
     p.add_argument("--resume", action="store_true", help="reuse OUT/POLICY.json files already written")
     p.add_argument("--reuse-arena", action="store_true", help="rerun only Loom where OUT/POLICY.json has Arena's")
+    p.add_argument("--loom-only", action="store_true", help="skip Arena (its columns stay empty)")
     args = p.parse_args()
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
     unknown = [x for x in policies if x not in ARENA_FLAGS]
@@ -310,7 +312,9 @@ def main() -> None:
         if args.resume and old is not None and old["speed_model"] == args.speed_model:
             results[policy] = old
             continue
-        if args.reuse_arena and old is not None and old["arena"].get("status") == "ok":
+        if args.loom_only:
+            arena = {"status": "not run", "wall_s": float("nan")}
+        elif args.reuse_arena and old is not None and old["arena"].get("status") == "ok":
             arena = old["arena"]
         else:
             arena = run_arena(policy, args.arena_dir, args.python, args.rounds, args.out, args.arena_timeout or None)

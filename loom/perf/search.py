@@ -145,23 +145,11 @@ def any_plan_fits(job: TrainingJob, hardware: Hardware, gpus: int, *, placement:
     """Whether `search_plans(...).best` exists, i.e. some valid plan fits in memory: asks
     `Estimator.fits` plan by plan and stops at the first yes (no plan is priced)."""
     est = estimator or default_estimator()
-    valid: dict[tuple[int, int, int, int], bool] = {}
-    for plan in candidate_plans(job, hardware, gpus, choices):
-        if (ok := valid.get(shape := (plan.tp, plan.pp, plan.micro_batch, plan.virtual_stages))) is None:
-            try:
-                check_plan(job, plan, gpus)
-                ok = valid[shape] = True
-            except PlanError:
-                ok = valid[shape] = False
-        if ok and est.fits(job, hardware, plan, placement):
-            return True
-    return False
+    return any(est.fits(job, hardware, plan, placement) for _, plan in _valid_plans(job, hardware, gpus, choices))
 
 
-def _search(est: Estimator, job: TrainingJob, hardware: Hardware, gpus: int, placement: Placement, choices: Choices,
-            or_unfit: bool) -> ParallelPlan | None:
-    plans: list[ParallelPlan] = []
-    indices: list[int] = []
+def _valid_plans(job: TrainingJob, hardware: Hardware, gpus: int, choices: Choices) -> Iterator[tuple[int, ParallelPlan]]:
+    """(candidate index, plan) of the candidates `check_plan` accepts."""
     valid: dict[tuple[int, int, int, int], bool] = {}  # validity does not depend on ZeRO or recomputation
     for index, plan in enumerate(candidate_plans(job, hardware, gpus, choices)):
         if (ok := valid.get(shape := (plan.tp, plan.pp, plan.micro_batch, plan.virtual_stages))) is None:
@@ -171,9 +159,15 @@ def _search(est: Estimator, job: TrainingJob, hardware: Hardware, gpus: int, pla
             except PlanError:
                 ok = valid[shape] = False
         if ok:
-            plans.append(plan)
-            indices.append(index)
-    bounded = sorted(zip(est.floors(job, hardware, plans, placement), indices, plans), key=lambda b: (b[0], b[1]))
+            yield index, plan
+
+
+def _search(est: Estimator, job: TrainingJob, hardware: Hardware, gpus: int, placement: Placement, choices: Choices,
+            or_unfit: bool) -> ParallelPlan | None:
+    indexed = list(_valid_plans(job, hardware, gpus, choices))
+    plans = [plan for _, plan in indexed]
+    bounded = sorted(zip(est.floors(job, hardware, plans, placement), (i for i, _ in indexed), plans),
+                     key=lambda b: (b[0], b[1]))
     best = _branch_and_bound(est, job, hardware, placement, bounded, fit=True)
     if best is None and or_unfit:
         best = _branch_and_bound(est, job, hardware, placement, bounded, fit=False)
