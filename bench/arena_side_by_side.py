@@ -313,12 +313,12 @@ def main() -> None:
             results[policy] = old
             continue
         if args.loom_only:
-            arena = {"status": "not run", "wall_s": float("nan")}
+            arena = {"status": "not run", "wall_s": None}
         elif args.reuse_arena and old is not None and old["arena"].get("status") == "ok":
             arena = old["arena"]
         else:
             arena = run_arena(policy, args.arena_dir, args.python, args.rounds, args.out, args.arena_timeout or None)
-        print(f"{policy}: Arena {arena['status']} in {arena['wall_s']:.1f} s", flush=True)
+        print(f"{policy}: Arena {arena['status']} in {_num(arena['wall_s'], '{:.1f}')} s", flush=True)
         jobs = [replace(x, deadline=x.submit_time + LOOSE_DEADLINE_S) for x in specs] \
             if policy == "elasticflow" else specs
         loom = run_loom(policy, jobs, t0, horizon, make_speed(args.speed_model, args.arena_dir), args.loom_full)
