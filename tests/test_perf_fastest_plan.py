@@ -60,15 +60,22 @@ def test_fastest_plan_is_the_best_of_a_full_search(case):
 @settings(max_examples=60, deadline=None)
 @given(searches())
 def test_floors_never_exceed_the_priced_time(case):
-    """The bound the search prunes with: a plan's floor is at most its iteration time,
-    and `fits` is exactly the estimate's memory verdict."""
+    """The bounds the search prunes with: a plan's floor is at most its iteration time, the
+    bound on its shape (`any_variant`) at most the floor of each of the shape's ZeRO and
+    recomputation variants, and `fits` is exactly the estimate's memory verdict."""
     job, hardware, gpus, choices, placement = case
     est = Estimator()
     plans = [p for p in candidate_plans(job, hardware, gpus, choices) if _valid(job, p, gpus)]
-    for plan, floor in zip(plans, est.floors(job, hardware, plans, placement)):
+    floors = est.floors(job, hardware, plans, placement)
+    shape_bound = dict(zip([_shape(p) for p in plans], est.floors(job, hardware, plans, placement, any_variant=True)))
+    for plan, floor in zip(plans, floors):
         estimate = Estimator().estimate(job, hardware, plan, placement)
-        assert 0.0 < floor <= estimate.iteration_s * (1 + 1e-12)
+        assert 0.0 < shape_bound[_shape(plan)] <= floor <= estimate.iteration_s * (1 + 1e-12)
         assert est.fits(job, hardware, plan, placement) == estimate.feasible
+
+
+def _shape(plan):
+    return plan.tp, plan.pp, plan.dp, plan.micro_batch, plan.virtual_stages
 
 
 def test_fastest_plan_prices_far_fewer_plans_than_a_full_search():

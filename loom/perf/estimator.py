@@ -20,14 +20,26 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from loom.core.plan import ParallelPlan
-from loom.perf.calibration import Calibration, load_calibration
 from loom.hardware.gpus import GpuSpec
+from loom.perf.calibration import Calibration, load_calibration
 from loom.perf.comm import BusBandwidthComm, CommModel, GroupShape, Links
 from loom.perf.flops import CNN_SPATIAL_REUSE, flops_per_iteration
-from loom.perf.inputs import PACKED, Hardware, Placement, PlanError, TrainingJob, check_plan
+from loom.perf.inputs import (
+    PACKED,
+    Hardware,
+    Placement,
+    PlanError,
+    TrainingJob,
+    check_plan,
+)
+from loom.perf.memory import (
+    CNN_ACTIVATION_BYTES_PER_PARAM_IMAGE,
+    GIB,
+    layer_activation_bytes,
+    stage_memory_bytes,
+)
 from loom.perf.model import ModelSpec
 from loom.perf.plan_cache import PlanCache, default_plan_cache
-from loom.perf.memory import GIB, CNN_ACTIVATION_BYTES_PER_PARAM_IMAGE, layer_activation_bytes, stage_memory_bytes
 
 OPTIMIZER_BYTES_PER_PARAM = 28.0  # Adam step: read fp32 master/m/v + grad, write them + bf16 weights
 # Eager (unfused) transformer layers move ~2.5x the bytes of fused ones: counting
@@ -186,7 +198,7 @@ class Estimator:
     def _new_memo(self, job: TrainingJob, placement: Placement) -> _StageMemo:
         return _StageMemo()
 
-    def estimate(self, job: TrainingJob, hardware: Hardware, plan: ParallelPlan, placement: Placement = PACKED) -> Estimate:  # noqa: D102 (replaced per instance)
+    def estimate(self, job: TrainingJob, hardware: Hardware, plan: ParallelPlan, placement: Placement = PACKED) -> Estimate:
         return self.estimate_uncached(job, hardware, plan, placement)
 
     def estimate_uncached(
@@ -215,7 +227,8 @@ class Estimator:
         return timing.iteration, memory / GIB, reason
 
     def floors(
-        self, job: TrainingJob, hardware: Hardware, plans: list[ParallelPlan], placement: Placement = PACKED
+        self, job: TrainingJob, hardware: Hardware, plans: list[ParallelPlan], placement: Placement = PACKED,
+        *, any_variant: bool = False,
     ) -> list[float]:
         """Per plan, a lower bound on `price(...)[0]` at a fraction of its cost, for plan
         searches to skip plans that cannot beat the best one priced so far.
@@ -225,7 +238,12 @@ class Estimator:
         ZeRO-3 gathers (sends ≥ 0 left out); the pipeline formula only grows with any
         stage's micro-batch time (m·max + (Σ count·t − max)/v, m, v ≥ 1); the tail is
         the largest stage's, ≥ the first stage's, whose overlap window (its own last
-        backward) does not depend on sends."""
+        backward) does not depend on sends.
+
+        With `any_variant`, a bound for every ZeRO stage and recomputation mode of each plan's
+        shape (tp, pp, dp, micro-batch, vpp) at once: recomputation "none" (the least compute
+        and TP collectives of the three modes) and neither ZeRO-3 gathers nor the DP tail
+        (both ≥ 0), so a search can skip whole shapes before bounding their variants."""
         memo = self._memo(job, placement)
         if len(memo.stage_ids) > MAX_MEMO_STAGES:
             memo.clear()
@@ -238,10 +256,16 @@ class Estimator:
                                                for stage in uniform_stages(job, hardware, plan))
             slowest = total = 0.0
             tail = -1.0
+            recompute = "none" if any_variant else plan.recompute
             for stage, sid in stages:
                 mb = job.global_batch // (micro_batches * stage.dp)
-                if (work := memo.compute.get(key := (sid, mb, plan.recompute))) is None:
-                    work = memo.compute[key] = self._stage_compute(job, stage, mb, plan.recompute)
+                if (work := memo.compute.get(key := (sid, mb, recompute))) is None:
+                    work = memo.compute[key] = self._stage_compute(job, stage, mb, recompute)
+                if any_variant:
+                    slowest = max(slowest, work[0] + work[2])
+                    total += (work[0] + work[2]) * stage.count
+                    tail = 0.0
+                    continue
                 if (sync := memo.sync.get(key := (sid, plan.zero_stage, plan.zero_shard))) is None:
                     sync = memo.sync[key] = self._stage_sync(job, stage, plan.zero_stage, plan.zero_shard, placement)
                 compute = work[0]
@@ -553,7 +577,7 @@ def uniform_stages(job: TrainingJob, hardware: Hardware, plan: ParallelPlan) -> 
 @lru_cache(maxsize=1 << 16)
 def _uniform_stages(hardware: Hardware, tp: int, dp: int, pp: int, layers: int) -> tuple[StageSpec, ...]:
     # Memoised so that the plans of a search share stage objects (cheap cache keys).
-    make = lambda first, last, count: StageSpec(hardware, tp, dp, layers, first, last, count)  # noqa: E731
+    make = lambda first, last, count: StageSpec(hardware, tp, dp, layers, first, last, count)
     if pp == 1:
         return (make(True, True, 1),)
     middle = (make(False, False, pp - 2),) if pp > 2 else ()

@@ -9,7 +9,7 @@ recomputation, fewer virtual stages.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 from loom.core.plan import RECOMPUTE_MODES, ParallelPlan
@@ -164,32 +164,52 @@ def _valid_plans(job: TrainingJob, hardware: Hardware, gpus: int, choices: Choic
 
 def _search(est: Estimator, job: TrainingJob, hardware: Hardware, gpus: int, placement: Placement, choices: Choices,
             or_unfit: bool) -> ParallelPlan | None:
-    indexed = list(_valid_plans(job, hardware, gpus, choices))
-    plans = [plan for _, plan in indexed]
-    bounded = sorted(zip(est.floors(job, hardware, plans, placement), (i for i, _ in indexed), plans),
-                     key=lambda b: (b[0], b[1]))
-    best = _branch_and_bound(est, job, hardware, placement, bounded, fit=True)
+    """Valid plans grouped by shape (all but ZeRO and recomputation), shapes in order of a
+    bound on all their variants (`Estimator.floors(any_variant=True)`), each shape's variants
+    bounded only when the search reaches it."""
+    groups: dict[tuple[int, int, int, int, int], list[tuple[int, ParallelPlan]]] = {}
+    for index, plan in _valid_plans(job, hardware, gpus, choices):
+        groups.setdefault((plan.tp, plan.pp, plan.dp, plan.micro_batch, plan.virtual_stages), []).append((index, plan))
+    members = list(groups.values())
+    bounds = est.floors(job, hardware, [group[0][1] for group in members], placement, any_variant=True)
+    shapes = sorted(zip(bounds, range(len(members))), key=lambda b: (b[0], members[b[1]][0][0]))
+    bounded: dict[int, list[tuple[float, int, ParallelPlan]]] = {}  # shape → its plans by (floor, index)
+
+    def variants(shape: int) -> list[tuple[float, int, ParallelPlan]]:
+        if (found := bounded.get(shape)) is None:
+            group = members[shape]
+            floors = est.floors(job, hardware, [plan for _, plan in group], placement)
+            found = bounded[shape] = sorted(((f, i, p) for f, (i, p) in zip(floors, group)),
+                                            key=lambda b: (b[0], b[1]))
+        return found
+    best = _branch_and_bound(est, job, hardware, placement, shapes, variants, fit=True)
     if best is None and or_unfit:
-        best = _branch_and_bound(est, job, hardware, placement, bounded, fit=False)
+        best = _branch_and_bound(est, job, hardware, placement, shapes, variants, fit=False)
     return best
 
 
 def _branch_and_bound(est: Estimator, job: TrainingJob, hardware: Hardware, placement: Placement,
-                      bounded: list[tuple[float, int, ParallelPlan]], fit: bool) -> ParallelPlan | None:
-    """Best of `bounded` (floor, candidate index, plan), sorted by floor: by `_rank` among plans
-    that fit (`fit`), else by iteration time alone."""
+                      shapes: list[tuple[float, int]],
+                      variants: Callable[[int], list[tuple[float, int, ParallelPlan]]],
+                      fit: bool) -> ParallelPlan | None:
+    """Best plan by `_rank` among plans that fit (`fit`), else by iteration time alone.
+    `shapes`: (bound on all its plans, shape), by bound; `variants(shape)`: its plans as
+    (floor, candidate index, plan) by floor. A plan whose floor exceeds the best time by more
+    than rounding (ranks round to 1e-9 s) and float noise ranks strictly worse, as does every
+    later one in either order; ties go to the lower candidate index, whatever the order."""
     best: tuple[tuple[float, ...], int, ParallelPlan] | None = None
-    for floor, index, plan in bounded:
-        # a plan whose floor exceeds the best time by more than rounding (ranks round to 1e-9 s)
-        # and float noise ranks strictly worse, as does every later one
-        if best is not None and floor > best[0][0] * (1 + 1e-12) + (2e-9 if fit else 0.0):
+    for bound, shape in shapes:
+        if best is not None and bound > best[0][0] * (1 + 1e-12) + (2e-9 if fit else 0.0):
             break
-        if fit and not est.fits(job, hardware, plan, placement):
-            continue
-        iteration_s, memory_gib, _ = est.price(job, hardware, plan, placement)
-        rank = _rank(plan, iteration_s, memory_gib) if fit else (iteration_s,)
-        if best is None or (rank, index) < (best[0], best[1]):
-            best = (rank, index, plan)
+        for floor, index, plan in variants(shape):
+            if best is not None and floor > best[0][0] * (1 + 1e-12) + (2e-9 if fit else 0.0):
+                break
+            if fit and not est.fits(job, hardware, plan, placement):
+                continue
+            iteration_s, memory_gib, _ = est.price(job, hardware, plan, placement)
+            rank = _rank(plan, iteration_s, memory_gib) if fit else (iteration_s,)
+            if best is None or (rank, index) < (best[0], best[1]):
+                best = (rank, index, plan)
     return None if best is None else best[2]
 
 
