@@ -167,3 +167,20 @@ def test_proofs_answer_larger_targets_without_a_search():
     assert proofs.solve(grown, 8, (0, 0, 0), caps).target_type == 2 and proofs.answered == 3
     # a different set (a job has ended): nothing is known about it
     assert proofs.solve(grown[1:], 4, (0, 0, 0), caps) is not None and proofs.answered == 3
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 2), st.sampled_from(SIZES), st.integers(0, 2),
+                          st.lists(st.integers(0, 9), min_size=3, max_size=3)), max_size=3),
+       st.sampled_from(SIZES), st.integers(4, 6), st.integers(-2, 6))
+def test_more_moves_than_three(rows, target_size, k, slack):
+    """Any number of moves (Arena's is 3): still brute force's optimum, or handed back."""
+    groups = [JobGroup(n, size, cur, tuple(v)) for n, size, cur, v in rows]
+    used = [sum(g.size * g.count for g in groups if g.current == t) for t in range(3)]
+    caps = [max(u + slack, 0) for u in used]
+    expected = brute_force(groups, target_size, (1, 2, 3), caps, k)
+    try:
+        found = solve_moves(groups, target_size, (1, 2, 3), caps, k)
+    except SearchLimit:
+        return
+    assert (None if found is None else (found.value, -found.moves, -found.target_type)) == expected

@@ -35,11 +35,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import product
+from math import prod
 from typing import NamedTuple
+
+_ASSIGNMENTS_LIMIT = 4096  # job assignments `_exact` may try for one set of moves
 
 
 class SearchLimit(Exception):
-    """The search visited more nodes than allowed; solve the instance another way."""
+    """The search visited more nodes than allowed (or a set of moves had more job assignments
+    to try than `_ASSIGNMENTS_LIMIT`); solve the instance another way."""
 
 
 class JobGroup(NamedTuple):  # a NamedTuple: callers make dozens per solve
@@ -203,8 +207,11 @@ class _Search:
             taken[g] = taken.get(g, 0) + 1
         if all(n <= self.groups[g].count for g, n in taken.items()):
             return sum(p[0] for p in picks), picks
+        lists = [self.sigs[i].candidates for i in uses]
+        if prod(len(c) for c in lists) > _ASSIGNMENTS_LIMIT:  # only with many moves allowed (k ≫ 3)
+            raise SearchLimit
         best = None
-        for combo in product(*[self.sigs[i].candidates for i in uses]):
+        for combo in product(*lists):
             taken = {}
             for _, g in combo:
                 taken[g] = taken.get(g, 0) + 1
