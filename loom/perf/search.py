@@ -52,6 +52,17 @@ class SearchResult:
 
 def candidate_plans(job: TrainingJob, hardware: Hardware, gpus: int, choices: Choices = Choices()) -> Iterator[ParallelPlan]:
     """Valid plans for `gpus` GPUs (validity only: memory is the estimator's call)."""
+    zeros, recomputes = _variant_knobs(choices)
+    for dp, tp, pp, mb, vpp in _candidate_shapes(job, hardware, gpus, choices):
+        for zero in zeros:
+            for recompute in recomputes:
+                yield ParallelPlan(dp, tp, pp, mb, vpp, zero, recompute, choices.zero_shard)
+
+
+def _candidate_shapes(job: TrainingJob, hardware: Hardware, gpus: int,
+                      choices: Choices) -> Iterator[tuple[int, int, int, int, int]]:
+    """(dp, tp, pp, micro-batch, vpp) of the candidates, in `candidate_plans` order; each
+    shape's ZeRO × recomputation variants (`_variant_knobs`) follow one another there."""
     model = job.model
     for tp in _tp_options(job, hardware, gpus, choices):
         for pp in _pp_options(job, gpus // tp, choices):
@@ -63,9 +74,13 @@ def candidate_plans(job: TrainingJob, hardware: Hardware, gpus: int, choices: Ch
             for mb in _micro_batches(job.global_batch // dp, choices):
                 micro_batches = job.global_batch // (mb * dp)
                 for vpp in _vpp_options(model.layers // pp, pp, micro_batches, choices):
-                    for zero in (0, 1, 2, 3) if choices.zero is None else (choices.zero,):
-                        for recompute in RECOMPUTE_MODES if choices.recompute is None else (choices.recompute,):
-                            yield ParallelPlan(dp, tp, pp, mb, vpp, zero, recompute, choices.zero_shard)
+                    yield dp, tp, pp, mb, vpp
+
+
+def _variant_knobs(choices: Choices) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """ZeRO stages and recomputation modes searched (outer, inner)."""
+    return ((0, 1, 2, 3) if choices.zero is None else (choices.zero,),
+            RECOMPUTE_MODES if choices.recompute is None else (choices.recompute,))
 
 
 def search_plans(
@@ -164,43 +179,67 @@ def _valid_plans(job: TrainingJob, hardware: Hardware, gpus: int, choices: Choic
 
 def _search(est: Estimator, job: TrainingJob, hardware: Hardware, gpus: int, placement: Placement, choices: Choices,
             or_unfit: bool) -> ParallelPlan | None:
-    """Valid plans grouped by shape (all but ZeRO and recomputation), shapes in order of a
-    bound on all their variants (`Estimator.floors(any_variant=True)`), each shape's variants
-    bounded only when the search reaches it."""
-    groups: dict[tuple[int, int, int, int, int], list[tuple[int, ParallelPlan]]] = {}
-    for index, plan in _valid_plans(job, hardware, gpus, choices):
-        groups.setdefault((plan.tp, plan.pp, plan.dp, plan.micro_batch, plan.virtual_stages), []).append((index, plan))
-    members = list(groups.values())
-    bounds = est.floors(job, hardware, [group[0][1] for group in members], placement, any_variant=True)
-    shapes = sorted(zip(bounds, range(len(members))), key=lambda b: (b[0], members[b[1]][0][0]))
+    """Valid shapes (all knobs but ZeRO and recomputation) in order of a bound on all their
+    variants (`Estimator.floors(any_variant=True)`); a shape's variants are made and bounded
+    only when the search reaches it."""
+    zeros, recomputes = _variant_knobs(choices)
+    width = len(zeros) * len(recomputes)  # variants per shape: candidate index = shape ordinal × width + offset
+    shapes: list[tuple[int, ParallelPlan]] = []  # (first candidate index, the first variant)
+    valid: dict[tuple[int, int, int, int], bool] = {}
+    for ordinal, (dp, tp, pp, mb, vpp) in enumerate(_candidate_shapes(job, hardware, gpus, choices)):
+        plan = ParallelPlan(dp, tp, pp, mb, vpp, zeros[0], recomputes[0], choices.zero_shard)
+        if (ok := valid.get(key := (tp, pp, mb, vpp))) is None:
+            try:
+                check_plan(job, plan, gpus)
+                ok = valid[key] = True
+            except PlanError:
+                ok = valid[key] = False
+        if ok:
+            shapes.append((ordinal * width, plan))
+    bounds = est.floors(job, hardware, [plan for _, plan in shapes], placement, any_variant=True)
+    order = sorted(zip(bounds, range(len(shapes))), key=lambda b: (b[0], shapes[b[1]][0]))
     bounded: dict[int, list[tuple[float, int, ParallelPlan]]] = {}  # shape → its plans by (floor, index)
 
     def variants(shape: int) -> list[tuple[float, int, ParallelPlan]]:
         if (found := bounded.get(shape)) is None:
-            group = members[shape]
-            floors = est.floors(job, hardware, [plan for _, plan in group], placement)
-            found = bounded[shape] = sorted(((f, i, p) for f, (i, p) in zip(floors, group)),
-                                            key=lambda b: (b[0], b[1]))
+            first, plan = shapes[shape]
+            dp, tp, pp, mb, vpp = plan.dp, plan.tp, plan.pp, plan.micro_batch, plan.virtual_stages
+            plans = [ParallelPlan(dp, tp, pp, mb, vpp, zero, recompute, choices.zero_shard)
+                     for zero in zeros for recompute in recomputes]
+            floors = est.floors(job, hardware, plans, placement)
+            found = bounded[shape] = sorted(zip(floors, range(first, first + width), plans), key=lambda b: (b[0], b[1]))
         return found
-    best = _branch_and_bound(est, job, hardware, placement, shapes, variants, fit=True)
+    def may_fit(shape: int) -> bool:
+        """Whether any variant fits in memory: ZeRO stages only shrink memory, so the highest
+        searched one under each recomputation mode (full recomputation is not always the least)."""
+        plan = shapes[shape][1]
+        return any(est.fits(job, hardware, ParallelPlan(plan.dp, plan.tp, plan.pp, plan.micro_batch,
+                                                        plan.virtual_stages, max(zeros), recompute,
+                                                        choices.zero_shard), placement)
+                   for recompute in recomputes)
+    best = _branch_and_bound(est, job, hardware, placement, order, variants, may_fit)
     if best is None and or_unfit:
-        best = _branch_and_bound(est, job, hardware, placement, shapes, variants, fit=False)
+        best = _branch_and_bound(est, job, hardware, placement, order, variants, None)
     return best
 
 
 def _branch_and_bound(est: Estimator, job: TrainingJob, hardware: Hardware, placement: Placement,
                       shapes: list[tuple[float, int]],
                       variants: Callable[[int], list[tuple[float, int, ParallelPlan]]],
-                      fit: bool) -> ParallelPlan | None:
-    """Best plan by `_rank` among plans that fit (`fit`), else by iteration time alone.
-    `shapes`: (bound on all its plans, shape), by bound; `variants(shape)`: its plans as
-    (floor, candidate index, plan) by floor. A plan whose floor exceeds the best time by more
-    than rounding (ranks round to 1e-9 s) and float noise ranks strictly worse, as does every
-    later one in either order; ties go to the lower candidate index, whatever the order."""
+                      may_fit: Callable[[int], bool] | None) -> ParallelPlan | None:
+    """Best plan by `_rank` among plans that fit (given `may_fit(shape)`: False when none of a
+    shape's plans fits), else (`may_fit` None) by iteration time alone. `shapes`: (bound on all
+    its plans, shape), by bound; `variants(shape)`: its plans as (floor, candidate index, plan)
+    by floor. A plan whose floor exceeds the best time by more than rounding (ranks round to
+    1e-9 s) and float noise ranks strictly worse, as does every later one in either order;
+    ties go to the lower candidate index, whatever the order."""
+    fit = may_fit is not None
     best: tuple[tuple[float, ...], int, ParallelPlan] | None = None
     for bound, shape in shapes:
         if best is not None and bound > best[0][0] * (1 + 1e-12) + (2e-9 if fit else 0.0):
             break
+        if may_fit is not None and not may_fit(shape):
+            continue
         for floor, index, plan in variants(shape):
             if best is not None and floor > best[0][0] * (1 + 1e-12) + (2e-9 if fit else 0.0):
                 break
