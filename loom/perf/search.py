@@ -157,34 +157,20 @@ def fastest_plan(
 
 def any_plan_fits(job: TrainingJob, hardware: Hardware, gpus: int, *, placement: Placement = PACKED,
                   choices: Choices = Choices(), estimator: Estimator | None = None) -> bool:
-    """Whether `search_plans(...).best` exists, i.e. some valid plan fits in memory: asks
-    `Estimator.fits` plan by plan and stops at the first yes (no plan is priced)."""
+    """Whether `search_plans(...).best` exists, i.e. some valid plan fits in memory, asked of
+    `Estimator.fits` shape by shape (`_may_fit`); no plan is priced."""
     est = estimator or default_estimator()
-    return any(est.fits(job, hardware, plan, placement) for _, plan in _valid_plans(job, hardware, gpus, choices))
+    zeros, recomputes = _variant_knobs(choices)
+    return any(_may_fit(est, job, hardware, plan, placement, zeros, recomputes)
+               for _, plan in _valid_shapes(job, hardware, gpus, choices))
 
 
-def _valid_plans(job: TrainingJob, hardware: Hardware, gpus: int, choices: Choices) -> Iterator[tuple[int, ParallelPlan]]:
-    """(candidate index, plan) of the candidates `check_plan` accepts."""
-    valid: dict[tuple[int, int, int, int], bool] = {}  # validity does not depend on ZeRO or recomputation
-    for index, plan in enumerate(candidate_plans(job, hardware, gpus, choices)):
-        if (ok := valid.get(shape := (plan.tp, plan.pp, plan.micro_batch, plan.virtual_stages))) is None:
-            try:
-                check_plan(job, plan, gpus)
-                ok = valid[shape] = True
-            except PlanError:
-                ok = valid[shape] = False
-        if ok:
-            yield index, plan
-
-
-def _search(est: Estimator, job: TrainingJob, hardware: Hardware, gpus: int, placement: Placement, choices: Choices,
-            or_unfit: bool) -> ParallelPlan | None:
-    """Valid shapes (all knobs but ZeRO and recomputation) in order of a bound on all their
-    variants (`Estimator.floors(any_variant=True)`); a shape's variants are made and bounded
-    only when the search reaches it."""
+def _valid_shapes(job: TrainingJob, hardware: Hardware, gpus: int,
+                  choices: Choices) -> Iterator[tuple[int, ParallelPlan]]:
+    """(candidate index of its first variant, that variant) of each shape (all knobs but ZeRO
+    and recomputation) `check_plan` accepts — validity does not depend on those two."""
     zeros, recomputes = _variant_knobs(choices)
     width = len(zeros) * len(recomputes)  # variants per shape: candidate index = shape ordinal × width + offset
-    shapes: list[tuple[int, ParallelPlan]] = []  # (first candidate index, the first variant)
     valid: dict[tuple[int, int, int, int], bool] = {}
     for ordinal, (dp, tp, pp, mb, vpp) in enumerate(_candidate_shapes(job, hardware, gpus, choices)):
         plan = ParallelPlan(dp, tp, pp, mb, vpp, zeros[0], recomputes[0], choices.zero_shard)
@@ -195,7 +181,29 @@ def _search(est: Estimator, job: TrainingJob, hardware: Hardware, gpus: int, pla
             except PlanError:
                 ok = valid[key] = False
         if ok:
-            shapes.append((ordinal * width, plan))
+            yield ordinal * width, plan
+
+
+def _variants(plan: ParallelPlan, zeros: tuple[int, ...], recomputes: tuple[str, ...]) -> list[ParallelPlan]:
+    """A shape's plans in candidate order (ZeRO outer, recomputation inner)."""
+    dp, tp, pp, mb, vpp, shard = plan.dp, plan.tp, plan.pp, plan.micro_batch, plan.virtual_stages, plan.zero_shard
+    return [ParallelPlan(dp, tp, pp, mb, vpp, zero, recompute, shard) for zero in zeros for recompute in recomputes]
+
+
+def _may_fit(est: Estimator, job: TrainingJob, hardware: Hardware, plan: ParallelPlan, placement: Placement,
+             zeros: tuple[int, ...], recomputes: tuple[str, ...]) -> bool:
+    """Whether any variant of the plan's shape fits in memory: ZeRO stages only shrink memory,
+    so the highest searched one under each recomputation mode (full recomputation is not
+    always the least)."""
+    return any(est.fits(job, hardware, variant, placement) for variant in _variants(plan, (max(zeros),), recomputes))
+
+
+def _search(est: Estimator, job: TrainingJob, hardware: Hardware, gpus: int, placement: Placement, choices: Choices,
+            or_unfit: bool) -> ParallelPlan | None:
+    """Valid shapes in order of a bound on all their variants (`Estimator.floors(any_variant=True)`);
+    a shape's variants are made and bounded only when the search reaches it."""
+    zeros, recomputes = _variant_knobs(choices)
+    shapes = list(_valid_shapes(job, hardware, gpus, choices))
     bounds = est.floors(job, hardware, [plan for _, plan in shapes], placement, any_variant=True)
     order = sorted(zip(bounds, range(len(shapes))), key=lambda b: (b[0], shapes[b[1]][0]))
     bounded: dict[int, list[tuple[float, int, ParallelPlan]]] = {}  # shape → its plans by (floor, index)
@@ -203,21 +211,13 @@ def _search(est: Estimator, job: TrainingJob, hardware: Hardware, gpus: int, pla
     def variants(shape: int) -> list[tuple[float, int, ParallelPlan]]:
         if (found := bounded.get(shape)) is None:
             first, plan = shapes[shape]
-            dp, tp, pp, mb, vpp = plan.dp, plan.tp, plan.pp, plan.micro_batch, plan.virtual_stages
-            plans = [ParallelPlan(dp, tp, pp, mb, vpp, zero, recompute, choices.zero_shard)
-                     for zero in zeros for recompute in recomputes]
+            plans = _variants(plan, zeros, recomputes)
             floors = est.floors(job, hardware, plans, placement)
-            found = bounded[shape] = sorted(zip(floors, range(first, first + width), plans), key=lambda b: (b[0], b[1]))
+            found = bounded[shape] = sorted(zip(floors, range(first, first + len(plans)), plans),
+                                            key=lambda b: (b[0], b[1]))
         return found
-    def may_fit(shape: int) -> bool:
-        """Whether any variant fits in memory: ZeRO stages only shrink memory, so the highest
-        searched one under each recomputation mode (full recomputation is not always the least)."""
-        plan = shapes[shape][1]
-        return any(est.fits(job, hardware, ParallelPlan(plan.dp, plan.tp, plan.pp, plan.micro_batch,
-                                                        plan.virtual_stages, max(zeros), recompute,
-                                                        choices.zero_shard), placement)
-                   for recompute in recomputes)
-    best = _branch_and_bound(est, job, hardware, placement, order, variants, may_fit)
+    best = _branch_and_bound(est, job, hardware, placement, order, variants,
+                             lambda shape: _may_fit(est, job, hardware, shapes[shape][1], placement, zeros, recomputes))
     if best is None and or_unfit:
         best = _branch_and_bound(est, job, hardware, placement, order, variants, None)
     return best
