@@ -54,6 +54,20 @@ def test_simulate_writes_all_outputs(trace, tmp_path):
     assert manifest["loom_version"]
 
 
+def test_simulate_says_why_jobs_were_rejected(tmp_path):
+    """Work-only traces need a speed model that derives time; the command says so, and an
+    empty run still writes its report."""
+    out = tmp_path / "run"
+    res = runner.invoke(app, ["simulate", "--trace", "arena-philly", "--cluster", "arena-1280", "--policy",
+                              "gavel-arena", "--limit", "5", "--out", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.output.split())  # rich wraps long lines
+    assert "5 job(s) rejected; 5 of them like this one: no duration" in said
+    assert "--speed-model estimator" in said
+    assert (out / "report.html").is_file()
+    assert json.loads((out / "summary.json").read_text())["rejected"] == 5
+
+
 def test_config_file_with_flag_overrides(trace, tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"cluster: arnold-i\ntrace: rfold:{trace}\npolicy: sjf\nseed: 3\n"

@@ -95,6 +95,24 @@ def simulate(
 
             outputs = run(cfg, factory)
     _print_summary(outputs.summary, outputs.out_dir)
+    if (note := _rejections(outputs.result)) is not None:
+        err_console.print(f"[yellow]{note}[/]")
+
+
+def _rejections(result: Any) -> str | None:
+    """A line naming the most frequent reason jobs were rejected (None: none were), so a run
+    whose jobs could not be priced or placed says why without opening jobs.parquet."""
+    from collections import Counter
+
+    from loom.core.jobs import JobState
+
+    rejected = [job.reason for job in result.jobs if job.state is JobState.REJECTED]
+    if not rejected:
+        return None
+    kinds = Counter(reason.split(":", 1)[0] for reason in rejected)  # reasons differ in their details
+    kind, count = kinds.most_common(1)[0]
+    example = next(reason for reason in rejected if reason.split(":", 1)[0] == kind)
+    return f"{len(rejected):,} job(s) rejected; {count:,} of them like this one: {example}"
 
 
 def use_plan_cache(path: Path | None) -> None:

@@ -195,8 +195,11 @@ def run_end(run: RunData) -> float:
 
 
 def step_function(t0: np.ndarray, t1: np.ndarray, amount: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Breakpoints `times` and `level[i]` = sum of amounts active on [times[i], times[i+1])."""
+    """Breakpoints `times` and `level[i]` = sum of amounts active on [times[i], times[i+1])
+    (both empty when nothing was ever active, e.g. a run where no job started)."""
     times = np.concatenate([t0, t1]).astype(float)
+    if times.size == 0:
+        return times, times.copy()
     deltas = np.concatenate([amount, -amount]).astype(float)
     order = np.argsort(times, kind="stable")
     times, deltas = times[order], deltas[order]

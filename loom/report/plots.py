@@ -60,7 +60,7 @@ def _cdf_axis(ax: Any, series: dict[str, np.ndarray], title: str, xlabel: str) -
     for seconds, text in ((60, "1 min"), (3600, "1 h"), (86400, "1 d")):
         ax.axvline(seconds, color="grey", linewidth=0.6, linestyle=":")
         ax.text(seconds, 0.02, text, color="grey", fontsize=8, ha="left")
-    if series:
+    if ax.get_legend_handles_labels()[0]:  # no curve drawn (no finished job): no legend
         ax.legend(fontsize=8, loc="lower right")
 
 
