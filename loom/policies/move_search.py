@@ -56,7 +56,7 @@ class JobGroup(NamedTuple):  # a NamedTuple: callers make dozens per solve
 
 
 @dataclass(frozen=True)
-class Placement:
+class Admission:
     """An optimal answer: the target's type and each group's jobs per type."""
 
     target_type: int
@@ -74,7 +74,7 @@ class _Signature(NamedTuple):  # a NamedTuple: made ~100 times per solve
 
 
 def solve_moves(groups: list[JobGroup], target_size: int, target_values: tuple[int, ...],
-                caps: list[int], max_moves: int, node_limit: int = 20_000) -> Placement | None:
+                caps: list[int], max_moves: int, node_limit: int = 20_000) -> Admission | None:
     """The optimum of the admission MIP, or None if no placement fits."""
     return _Search(groups, target_size, target_values, caps, max_moves, node_limit).run()
 
@@ -233,7 +233,7 @@ class _Search:
         return gain
 
     # -- search ------------------------------------------------------------------
-    def run(self) -> Placement | None:
+    def run(self) -> Admission | None:
         if all(f >= 0 for f in self.free):
             room = [t for t in range(self.T) if self.free[t] >= self.size]
             if room:
@@ -253,7 +253,7 @@ class _Search:
         for g, dst in moved:
             counts[g][self.groups[g].current] -= 1
             counts[g][dst] += 1
-        return Placement(tstar, counts, value, -moves)
+        return Admission(tstar, counts, value, -moves)
 
     def _node(self, tstar: int, free: list[int], gain: int, first_gaining: int,
               uses: list[int], used: dict[int, int]) -> None:
@@ -373,7 +373,7 @@ class NoGainProofs:
         return frozenset((g.size, g.current, _rowed(g.values), g.count) for g in groups), tuple(caps)
 
     def solve(self, groups: list[JobGroup], target_size: int, target_values: tuple[int, ...], caps: list[int],
-              node_limit: int = 20_000) -> Placement | None:
+              node_limit: int = 20_000) -> Admission | None:
         """`solve_moves`, answered from the proofs when they settle it (raises `SearchLimit` as it does)."""
         config = self.config_of(groups, caps)
         if config != self.config:
@@ -399,7 +399,7 @@ class NoGainProofs:
             self.config, self.sigma = self._grown
             self._grown = None
 
-    def _settled(self, groups: list[JobGroup], size: int, values: tuple[int, ...], caps: list[int]) -> Placement | None:
+    def _settled(self, groups: list[JobGroup], size: int, values: tuple[int, ...], caps: list[int]) -> Admission | None:
         if any(g.values[g.current] < 0 for g in groups) or any(size < s for s in self.sigma):
             return None
         free = list(caps)
@@ -413,7 +413,7 @@ class NoGainProofs:
             return None
         target_type = min(t for t in room if values[t] == best)
         counts = [[g.count if t == g.current else 0 for t in range(len(caps))] for g in groups]
-        return Placement(target_type, counts, sum(g.values[g.current] * g.count for g in groups) + best, 0)
+        return Admission(target_type, counts, sum(g.values[g.current] * g.count for g in groups) + best, 0)
 
     @staticmethod
     def _with(config: tuple, size: int, where: int, values: tuple[int, ...]) -> tuple:

@@ -56,10 +56,8 @@ class Throughputs:
             return 0.0
         if not spec.model or spec.model not in self._presets:
             return gpus / spec.gpus  # trace semantics: the requested size runs at rate 1
-        per_node = self._per_node.get(gpu_type)
-        if per_node is None:
-            per_node = self._per_node[gpu_type] = self.topology.gpus_per_node(gpu_type)
-        return self._cached(spec.model, spec.batch_size or self.default_batch, gpu_type, gpus, per_node, dp_only)
+        return self._cached(spec.model, spec.batch_size or self.default_batch, gpu_type, gpus,
+                            self._gpus_per_node(gpu_type), dp_only)
 
     def runs(self, spec: JobSpec, gpu_type: str, gpus: int) -> bool:
         """Whether `of(spec, gpu_type, gpus) > 0` (some plan fits), without finding the best plan."""
@@ -71,9 +69,8 @@ class Throughputs:
             elif (known := self._of.get(key[:5] + (False,))) is not None:
                 value = known > 0
             else:
-                batch = spec.batch_size or self.default_batch
-                job = TrainingJob(preset(spec.model), -(-batch // gpus) * gpus)
-                hardware = Hardware(gpu_type, gpus_per_node=self.topology.gpus_per_node(gpu_type))
+                job, hardware = self._inputs(spec.model, spec.batch_size or self.default_batch, gpu_type, gpus,
+                                             self._gpus_per_node(gpu_type))
                 value = any_plan_fits(job, hardware, gpus, choices=Choices(vpp=1), estimator=self.estimator)
             if len(self._of) >= _MEMO_LIMIT:
                 self._of.clear()
@@ -98,10 +95,20 @@ class Throughputs:
         return max(self.topology.gpu_types, key=lambda t: self.of(spec, t, gpus, dp_only))
 
 
+    def _gpus_per_node(self, gpu_type: str) -> int:
+        per_node = self._per_node.get(gpu_type)
+        if per_node is None:
+            per_node = self._per_node[gpu_type] = self.topology.gpus_per_node(gpu_type)
+        return per_node
+
+    @staticmethod
+    def _inputs(model: str, batch: int, gpu_type: str, gpus: int, per_node: int) -> tuple[TrainingJob, Hardware]:
+        """The estimator's job (global batch rounded up to a multiple of `gpus`) and hardware."""
+        return TrainingJob(preset(model), -(-batch // gpus) * gpus), Hardware(gpu_type, gpus_per_node=per_node)
+
     def _compute(self, model: str, batch: int, gpu_type: str, gpus: int, per_node: int, dp_only: bool) -> float:
-        global_batch = -(-batch // gpus) * gpus
-        job = TrainingJob(preset(model), global_batch)
-        hardware = Hardware(gpu_type, gpus_per_node=per_node)
+        job, hardware = self._inputs(model, batch, gpu_type, gpus, per_node)
+        global_batch = job.global_batch
         choices = Choices(tp=1, pp=1, vpp=1) if dp_only else Choices(vpp=1)
         # DP-only plans that do not fit in memory: the baseline still believes DP scaling
         best = fastest_plan(job, hardware, gpus, choices=choices, estimator=self.estimator, or_unfit=dp_only)
