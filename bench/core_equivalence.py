@@ -328,9 +328,9 @@ def main(argv: list[str] | None = None) -> int:
               "loop s previous (min)", "loop s current (min)", "current / previous (of mins)", "CPU ratio"]
     command = "python bench/core_equivalence.py " + shlex.join(argv if argv is not None else sys.argv[1:])
     lines = [f"Command: `{command.strip()}`  ",
-             f"previous = {args.ref} ({ref_root}), current = {roots['current']}; loop s = `sim_wall_s`, median "
-             f"(min) of {max(1, args.repeat)} runs per version for philly-fcfs, 1 run otherwise; CPU ratio = "
-             "ratio of the loop's median process CPU time (robust to a busy machine).\n",
+             (f"previous = {args.ref} ({ref_root}), current = {roots['current']}; loop s = `sim_wall_s`, median "
+              f"(min) of {max(1, args.repeat)} runs per version for philly-fcfs, 1 run otherwise; CPU ratio = "
+              "ratio of the loop's median process CPU time (robust to a busy machine).\n"),
              "| " + " | ".join(header) + " |", "|" + "|".join([":---"] + ["---:"] * 4 + [":---"] + ["---:"] * 4) + "|",
              *("| " + " | ".join(r) + " |" for r in rows)]
     nondet = {s: c["run_to_run_differing"] for s, c in report.items() if any(c["run_to_run_differing"].values())}

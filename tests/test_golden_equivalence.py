@@ -31,8 +31,8 @@ GOLDEN = _ROOT / "tests" / "data" / "golden"
 
 
 def _describe(diff: dict[str, Any]) -> str:
-    lines = [f"{diff['jobs_differing']} of {diff['jobs']} jobs and {diff['decisions_differing']} of "
-             f"{diff['decisions']} decisions differ from the golden dump"]
+    lines = [(f"{diff['jobs_differing']} of {diff['jobs']} jobs and {diff['decisions_differing']} of "
+              f"{diff['decisions']} decisions differ from the golden dump")]
     if diff["first_job"]:
         first = diff["first_job"]
         lines += [f"first job: {first['job_id']}", f"  golden:  {first['previous']}",
