@@ -98,8 +98,8 @@ from loom.core.jobs import Job
 from loom.core.protocols import POLICIES
 from loom.core.round import RoundPlan
 from loom.hardware.state import Allocation
-from loom.perf.inputs import Hardware, TrainingJob
-from loom.perf.presets import preset, preset_names
+from loom.perf.inputs import Hardware, estimator_job, trace_batch
+from loom.perf.presets import preset_names
 from loom.perf.search import Choices, search_plans
 from loom.policies import params
 from loom.policies.elastic_common import healthy_capacities, place_on
@@ -181,11 +181,11 @@ class GavelArena:
         if not spec.model or spec.model not in preset_names():
             return True
         assert self._tp is not None
-        batch = spec.batch_size or self._tp.default_batch
+        batch = trace_batch(spec.batch_size, self._tp.default_batch)
         key = (spec.model, batch, spec.gpus, gpu_type)
         fits = self._dp_memo.get(key)
         if fits is None:
-            job = TrainingJob(preset(spec.model), -(-batch // spec.gpus) * spec.gpus)
+            job, _ = estimator_job(spec.model, batch, spec.gpus)
             hardware = Hardware(gpu_type, gpus_per_node=ctx.topology.gpus_per_node(gpu_type))
             plain_dp = Choices(tp=1, pp=1, vpp=1, zero=0, recompute="none")
             result = search_plans(job, hardware, spec.gpus, choices=plain_dp, top=1, estimator=self._tp.estimator)
