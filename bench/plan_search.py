@@ -15,9 +15,8 @@ import argparse
 import random
 import time
 
-from loom.perf import preset
 from loom.perf.estimator import Estimator
-from loom.perf.inputs import Hardware, TrainingJob
+from loom.perf.inputs import Hardware, estimator_job
 from loom.perf.presets import preset_names
 from loom.perf.search import Choices, candidate_plans, fastest_plan, search_plans
 
@@ -46,7 +45,7 @@ def main() -> None:
     full_s = fast_s = 0.0
     full_priced = fast_priced = searches = no_fit = 0
     for model, gpu_type, gpus, batch in cases[:args.cases]:
-        job = TrainingJob(preset(model), -(-batch // gpus) * gpus)
+        job, _ = estimator_job(model, batch, gpus)
         for per_node in (4, 8):
             hardware = Hardware(gpu_type, gpus_per_node=per_node)
             for choices in CHOICES:

@@ -16,14 +16,12 @@ from loom.hardware.clos import clos
 from loom.hardware.clusters import arena_1280
 from loom.hardware.state import Allocation, ClusterState
 from loom.placement.first_fit import FirstFit
-from loom.policies.elasticflow import (
-    GAIN_EPS,
-    ElasticFlow,
-    Ladder,
+from loom.policies.elastic_common import (
     healthy_capacities,
     healthy_capacity,
     power_sizes,
 )
+from loom.policies.elasticflow import GAIN_EPS, ElasticFlow, Ladder
 from loom.policies.sia import Sia
 from loom.policies.throughput import Throughputs
 from loom.sim.engine import Simulation

@@ -146,7 +146,7 @@ def test_priority_order_within_vc(small_clos):
     ({"quotas": [8]}, "policy.params.quotas", "mapping"),
     ({}, "policy.params.quotas", "needs per-VC quotas"),
     ({"quotas": {"A": 8}, "default_quota": -1}, "policy.params.default_quota", "negative"),
-    ({"quotas": {"A": 8}, "order": "lifo"}, "policy.params.order", "unknown order"),
+    ({"quotas": {"A": 8}, "order": "lifo"}, "policy.params.order", "must be one of fcfs, priority"),
     ({"quotas": {"A": 8}, "best_effort_classes": ["evals"]}, "policy.params.best_effort_classes", "unknown job class"),
 ])
 def test_bad_quota_config_names_the_field(params, field, text):

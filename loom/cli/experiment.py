@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from loom.cli.common import use_plan_cache
 from loom.cli.errors import err_console, user_errors
 
 TABLE_METRICS = ("avg_jct_s", "p99_jct_s", "avg_queue_s", "gpu_utilization")
@@ -36,8 +37,6 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from loom.experiment import RunResult, import_ray, load_experiment, run_points, value_label, write_combined
-
-        from loom.cli.main import use_plan_cache
 
         use_plan_cache(plan_cache)
         console = Console()

@@ -16,13 +16,14 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from loom.cli import experiment as experiment_cli
 from loom.cli import perf as perf_cli
 from loom.cli import place as place_cli
-from loom.cli import experiment as experiment_cli
 from loom.cli import predict as predict_cli
-from loom.cli import workload as workload_cli
 from loom.cli import report as report_cli
 from loom.cli import traces as traces_cli
+from loom.cli import workload as workload_cli
+from loom.cli.common import use_plan_cache
 from loom.cli.errors import err_console, user_errors
 
 app = typer.Typer(help="Loom: an LLM-aware GPU cluster scheduler and simulator.", no_args_is_help=True,
@@ -113,17 +114,6 @@ def _rejections(result: Any) -> str | None:
     kind, count = kinds.most_common(1)[0]
     example = next(reason for reason in rejected if reason.split(":", 1)[0] == kind)
     return f"{len(rejected):,} job(s) rejected; {count:,} of them like this one: {example}"
-
-
-def use_plan_cache(path: Path | None) -> None:
-    """Point `loom.perf.plan_cache` at `path` for this process and the workers it starts."""
-    if path is not None:
-        import os
-
-        from loom.perf.plan_cache import ENV, PlanCache
-
-        PlanCache(path).close()  # a clear error now if it cannot be opened
-        os.environ[ENV] = str(path)
 
 
 def parse_duration(text: str | None, flag: str) -> float | None:

@@ -19,8 +19,6 @@ from loom.perf.estimator import Estimate, Estimator, StageSpec, default_estimato
 from loom.perf.inputs import Hardware, PlanError, TrainingJob, check_plan
 from loom.perf.search import MAX_MICRO_BATCH, Choices, candidate_plans
 
-SIDES = ("dp", "tp")
-
 
 @dataclass(frozen=True, slots=True)
 class Cell:

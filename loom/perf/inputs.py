@@ -12,8 +12,10 @@ from loom.errors import LoomInputError
 from loom.hardware.gpus import GpuSpec, gpu_spec
 from loom.perf.comm import Links
 from loom.perf.model import ModelSpec
+from loom.perf.presets import preset
 
 PRECISIONS = ("bf16", "fp16")
+DEFAULT_BATCH = 256  # a trace job's batch when its trace gives none
 
 
 class PlanError(LoomInputError):
@@ -52,6 +54,27 @@ class TrainingJob:
     def tokens(self) -> int:
         """Tokens per iteration (images for a cnn)."""
         return self.global_batch * (self.model.seq_len if self.model.kind == "transformer" else 1)
+
+
+def trace_batch(batch_size: int | None, default: int = DEFAULT_BATCH) -> int:
+    """A trace job's batch (sequences, or images for a cnn): its own, else `default`."""
+    return batch_size or default
+
+
+def estimator_job(model: str, batch: int, gpus: int) -> tuple[TrainingJob, float]:
+    """The estimator's job for a trace job of preset `model` and batch `batch` run on `gpus`
+    GPUs, and the factor that turns its iteration time into the trace job's.
+
+    The one batch rule, shared by the speed model that prices runs
+    (`loom.sim.estimator_speed`) and every policy that predicts them: the global batch is
+    `batch` rounded up to a multiple of `gpus`, so every data-parallel split divides it;
+    the padded samples are priced out again by multiplying the iteration time by
+    `scale = batch / global batch` (≤ 1). A caller pricing one job on several GPU counts
+    with one global batch (Crius's Cells) passes one count for all, one they all divide
+    where it can (see `loom.policies.crius_cells`).
+    """
+    global_batch = -(-batch // gpus) * gpus
+    return TrainingJob(preset(model), global_batch), batch / global_batch
 
 
 @dataclass(frozen=True, slots=True)

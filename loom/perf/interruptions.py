@@ -174,19 +174,10 @@ class InterruptionModel:
         download = self.checkpoint_bytes(shape, with_host=True) / (self._storage_gbps(shape) * GB)
         return Phases(download_s=download, restore_s=self._copy_s(shape) + c.restart_s, rendezvous_s=c.rendezvous_s)
 
-    def preempt(self, shape: JobShape) -> Phases:
-        return self.save(shape)
-
-    def resume(self, shape: JobShape) -> Phases:
-        return self.load(shape)
-
     def migrate(self, before: JobShape, after: JobShape) -> Phases:
-        """Save where it runs, load where it goes (same world size, maybe fewer devices)."""
+        """Save where it runs, load where it goes: a migration, or a resize (same world size, maybe
+        fewer devices)."""
         return self.save(before) + self.load(after)
-
-    def resize(self, before: JobShape, after: JobShape) -> Phases:
-        """A resize is a migration to another device count keeping the logical world size."""
-        return self.migrate(before, after)
 
     # -- periodic checkpoints and failures -------------------------------------
     def checkpoint_stall_s(self, shape: JobShape, mode: str | None = None) -> float:

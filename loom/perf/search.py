@@ -10,7 +10,7 @@ recomputation, fewer virtual stages.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from loom.core.plan import RECOMPUTE_MODES, ParallelPlan
 from loom.perf.estimator import Estimate, Estimator, default_estimator
@@ -250,25 +250,6 @@ def _branch_and_bound(est: Estimator, job: TrainingJob, hardware: Hardware, plac
             if best is None or (rank, index) < (best[0], best[1]):
                 best = (rank, index, plan)
     return None if best is None else best[2]
-
-
-def best_plan(job: TrainingJob, hardware: Hardware, gpus: int, **kwargs: object) -> Estimate | None:
-    """The fastest feasible plan, or None."""
-    return search_plans(job, hardware, gpus, **kwargs).best  # type: ignore[arg-type]
-
-
-def fill_choices(choices: Choices, plan: ParallelPlan) -> Choices:
-    """Pin every knob to `plan`'s value."""
-    return replace(
-        choices,
-        tp=plan.tp,
-        pp=plan.pp,
-        dp=plan.dp,
-        micro_batch=plan.micro_batch,
-        vpp=plan.virtual_stages,
-        zero=plan.zero_stage,
-        recompute=plan.recompute,
-    )
 
 
 def _rank(plan: ParallelPlan, iteration_s: float, memory_gib_per_gpu: float) -> tuple[float, int, int, int, float]:

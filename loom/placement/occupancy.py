@@ -27,9 +27,6 @@ nodes, a few 16–64-node pretraining jobs hold a large share of the nodes
 (about 60% of busy nodes here come from jobs of ≥ 16 nodes). The shares are
 not fitted to any trace. Sub-node (1–7 GPU) jobs are not modelled: such a node
 is busy for a whole-node pretraining job anyway.
-
-Benchmarks use seeds 0–9 (`BENCHMARK_SEEDS`) at the target fractions in
-`BENCHMARK_FRACTIONS`.
 """
 
 from __future__ import annotations
@@ -48,8 +45,6 @@ CHURN_ROUNDS = 2
 MAX_REDRAWS = 20
 MAX_JOB_SHARE = 0.25  # no background job takes more than a quarter of the nodes
 ONE_NODE = np.ones(1, dtype=np.int64)
-BENCHMARK_SEEDS = tuple(range(10))
-BENCHMARK_FRACTIONS = (0.3, 0.5, 0.7)
 
 
 def occupy(topology: Topology, target_fraction: float, seed: int, placer: str = "gpu-packing") -> ClusterState:

@@ -51,7 +51,6 @@ idle after admission (no restart to pay).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from loom.core.context import SchedulingContext
@@ -59,8 +58,8 @@ from loom.core.decisions import Decision, Migrate, Resize, Timer
 from loom.core.jobs import Job
 from loom.core.protocols import POLICIES
 from loom.core.round import RoundPlan
-from loom.errors import LoomInputError
 from loom.hardware.state import Allocation
+from loom.policies import params
 from loom.policies.crius_cells import CellBook, JobCells, Option
 
 
@@ -74,19 +73,6 @@ class Hold:
     hard: bool
 
 
-def _check(name: str, value: object, ok: bool, rule: str) -> None:
-    if not ok:
-        raise LoomInputError(f"must be {rule}, got {value!r}", field=f"policy.params.{name}")
-
-
-def _is_int(v: object, low: int) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= low
-
-
-def _is_number(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 @POLICIES.register("crius")
 class Crius:
     name = "crius"
@@ -95,26 +81,17 @@ class Crius:
                  profiling_s_per_cell: float = 20.0, starvation_s: float = 3600.0, opportunistic: bool = True,
                  max_candidates: int = 16, min_gain: float = 0.05, min_remaining_factor: float = 10.0,
                  max_scale: int = 4, admit_min_gain: float = -0.5) -> None:
-        for name, v, low in (("search_depth", search_depth, 0), ("admit_depth", admit_depth, 0),
-                             ("max_candidates", max_candidates, 1), ("max_scale", max_scale, 1)):
-            _check(name, v, _is_int(v, low), f"a whole number ≥ {low}")
-        for name, v in (("restart_delay_s", restart_delay_s), ("profiling_s_per_cell", profiling_s_per_cell),
-                        ("min_gain", min_gain), ("min_remaining_factor", min_remaining_factor)):
-            _check(name, v, _is_number(v) and v >= 0, "a finite number ≥ 0")
-        _check("starvation_s", starvation_s, _is_number(starvation_s) and starvation_s > 0, "a number > 0")
-        _check("admit_min_gain", admit_min_gain, _is_number(admit_min_gain), "a finite number")
-        _check("opportunistic", opportunistic, isinstance(opportunistic, bool), "true or false")
-        self.search_depth = search_depth
-        self.admit_depth = admit_depth
-        self.restart_delay_s = float(restart_delay_s)
-        self.profiling_s_per_cell = float(profiling_s_per_cell)
-        self.starvation_s = float(starvation_s)
-        self.opportunistic = opportunistic
-        self.max_candidates = max_candidates
-        self.min_gain = float(min_gain)
-        self.min_remaining_factor = float(min_remaining_factor)
-        self.max_scale = max_scale
-        self.admit_min_gain = float(admit_min_gain)
+        self.search_depth = params.integer(search_depth, "search_depth", low=0)
+        self.admit_depth = params.integer(admit_depth, "admit_depth", low=0)
+        self.restart_delay_s = params.number(restart_delay_s, "restart_delay_s", low=0)
+        self.profiling_s_per_cell = params.number(profiling_s_per_cell, "profiling_s_per_cell", low=0)
+        self.starvation_s = params.number(starvation_s, "starvation_s", low=0, low_open=True)
+        self.opportunistic = params.boolean(opportunistic, "opportunistic")
+        self.max_candidates = params.integer(max_candidates, "max_candidates", low=1)
+        self.min_gain = params.number(min_gain, "min_gain", low=0)
+        self.min_remaining_factor = params.number(min_remaining_factor, "min_remaining_factor", low=0)
+        self.max_scale = params.integer(max_scale, "max_scale", low=1)
+        self.admit_min_gain = params.number(admit_min_gain, "admit_min_gain")
         self.profiling_delay_s: dict[str, float] = {}
         self.held: Hold | None = None
         self.opportunistic_jobs: dict[str, str] = {}  # job id → the head whose GPUs it runs on

@@ -23,11 +23,9 @@ from loom.core.jobs import Job
 from loom.core.plan import ParallelPlan
 from loom.hardware.topology import Topology
 from loom.perf.cells import CellEstimate, build_cells
-from loom.perf.inputs import Hardware, TrainingJob
-from loom.perf.presets import preset, preset_names
+from loom.perf.inputs import Hardware, estimator_job, trace_batch
+from loom.perf.presets import preset_names
 from loom.policies.throughput import Throughputs
-
-DEFAULT_BATCH = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,9 +99,9 @@ class CellBook:
 
     def _from_cells(self, job: Job, allowed: list[str], per_type: dict[str, int]) -> dict[tuple[str, int], Option]:
         spec, n = job.spec, job.gpus
-        batch = spec.batch_size or DEFAULT_BATCH
-        unit = n * self.max_scale  # the largest count divides the batch
-        tj = TrainingJob(preset(spec.model), -(-batch // unit) * unit)
+        # One job for every count, so their throughputs compare: the batch rule at N·max_scale, the
+        # largest Cell when max_scale is a power of two (then every count divides it).
+        tj, _ = estimator_job(spec.model, trace_batch(spec.batch_size), n * self.max_scale)
         estimates = build_cells(tj, n, {t: self.hardware[t] for t in allowed}, counts=cell_counts(n, self.max_scale))
         best: dict[tuple[str, int], CellEstimate] = {}
         for ce in estimates:

@@ -53,26 +53,26 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_right
-from collections.abc import Callable
 from operator import attrgetter
-from typing import Any
 
 import numpy as np
 
 from loom.core.context import SchedulingContext
-from loom.core.decisions import Decision, Migrate, Resize
+from loom.core.decisions import Decision
 from loom.core.jobs import Job
 from loom.core.protocols import POLICIES
 from loom.core.round import RoundPlan
-from loom.errors import LoomInputError
-from loom.hardware.state import Allocation, ClusterState
-from loom.hardware.topology import Topology
+from loom.policies import params
+from loom.policies.elastic_common import (
+    Target,
+    apply_targets,
+    healthy_capacities,
+    power_sizes,
+)
 from loom.policies.throughput import Throughputs
 
-FIELD = "policy.params"
 ON_MISS = ("best-effort", "hold")
 
-Target = tuple[str | None, int]  # (GPU type or None = any, GPU count)
 GAIN_EPS = 1e-12  # smallest gain per GPU worth a step
 
 
@@ -135,133 +135,7 @@ def climb_steps(ladder: Ladder, cur: int, at: int, gain: float) -> Climb:
 Start = tuple[Job, int, int, Ladder, float]
 
 
-# ----------------------------------------------------------------- shared helpers (also used by Sia)
-def check_number(value: Any, name: str, low: float | None = None, high: float | None = None,
-                 low_open: bool = False, high_open: bool = False, integer: bool = False) -> float:
-    field = f"{FIELD}.{name}"
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        raise LoomInputError(f"must be a{'n integer' if integer else ' number'}, got {value!r}", field=field)
-    if not math.isfinite(value):
-        raise LoomInputError(f"must be finite, got {value!r}", field=field)
-    if low is not None and (value < low or (low_open and value == low)):
-        raise LoomInputError(f"must be {'>' if low_open else '≥'} {low}, got {value!r}", field=field)
-    if high is not None and (value > high or (high_open and value == high)):
-        raise LoomInputError(f"must be {'<' if high_open else '≤'} {high}, got {value!r}", field=field)
-    return value
-
-
-def type_of(topology: Topology, alloc: Allocation) -> str:
-    return node_types(topology)[alloc.nodes[0]]
-
-
-_node_types: tuple[Topology | None, list[str]] = (None, [])  # the last topology asked about
-
-
-def node_types(topology: Topology) -> list[str]:
-    """The GPU type of each node (kept for the last topology: topologies are immutable)."""
-    global _node_types
-    if _node_types[0] is not topology:
-        _node_types = (topology, [topology.gpu_types[t] for t in topology.node_type.tolist()])
-    return _node_types[1]
-
-
-def healthy_capacity(state: ClusterState, gpu_type: str | None) -> int:
-    topo = state.topology
-    ok = ~state.failed
-    if gpu_type is not None:
-        ok = ok & (topo.node_type == topo.type_id(gpu_type))
-    return int(topo.node_gpus[ok].sum())
-
-
-def healthy_capacities(state: ClusterState) -> dict[str | None, int]:
-    """`healthy_capacity` of every GPU type of the cluster and of None (the whole cluster)."""
-    topo = state.topology
-    gpus = np.where(state.failed, 0, topo.node_gpus)
-    per_type = np.bincount(topo.node_type, weights=gpus, minlength=len(topo.gpu_types)).tolist()
-    capacities: dict[str | None, int] = {t: int(per_type[i]) for i, t in enumerate(topo.gpu_types)}
-    capacities[None] = int(gpus.sum())
-    return capacities
-
-
-def power_sizes(request: int, low: int, high: int) -> list[int]:
-    sizes = {request} if low <= request <= high else set()
-    g = 1
-    while g <= high:
-        if g >= low:
-            sizes.add(g)
-        g *= 2
-    return sorted(sizes)
-
-
-def place_on(plan: RoundPlan, job: Job, gpus: int, gpu_type: str | None,
-             within: tuple[int, ...] | None = None) -> Allocation | None:
-    """Place `gpus` GPUs for `job` on `gpu_type` (None: the job's own type rule), optionally
-    only on the nodes `within`."""
-    state = plan.view
-    if gpus > state.free_total:
-        return None
-    spec = job.spec
-    res = plan.ctx.reservation_for(job.job_id) if plan.ctx.reservations else None
-    if gpu_type is None:
-        allowed = state.usable_mask(res, spec.gpu_type, spec.gpu_types)
-    else:
-        allowed = state.usable_mask(res, gpu_type, None)
-    if within is not None:
-        inside = np.zeros(len(state.free), dtype=bool)
-        inside[list(within)] = True
-        allowed = inside if allowed is None else (allowed & inside)
-    return plan.placer.place(spec, gpus, state, allowed)
-
-
-def apply_targets(plan: RoundPlan, targets: dict[str, Target], pause_s: float,
-                  reason: Callable[[Job, Target | None], str]) -> None:
-    """Turn per-job targets into decisions on `plan`, in an order the backend can apply:
-    preemptions, then resizes/moves of running jobs (shrinks first), then starts
-    (largest first). A running job whose new size cannot be placed keeps its GPUs."""
-    ctx = plan.ctx
-    topo = ctx.topology
-    types = node_types(topo)
-    changes: list[tuple[Job, str | None, int]] = []
-    for job in list(ctx.running.values()):
-        want = targets.get(job.job_id)
-        if want is None:
-            plan.preempt(job, reason(job, None))
-            continue
-        gpu_type, gpus = want
-        alloc = job.allocation
-        assert alloc is not None
-        if gpus == alloc.total and (gpu_type is None or gpu_type == types[alloc.nodes[0]]):
-            continue
-        changes.append((job, gpu_type, gpus))
-    changes.sort(key=lambda c: (c[2] - c[0].allocation.total, c[0].key))  # type: ignore[union-attr]
-    for job, gpu_type, gpus in changes:
-        old = job.allocation
-        assert old is not None
-        old_type = type_of(topo, old)
-        state = plan.state
-        state.release(old)
-        new = None
-        if gpus <= old.total and gpu_type in (None, old_type):  # shrink in place when possible
-            new = place_on(plan, job, gpus, old_type, within=old.nodes)
-        if new is None:
-            new = place_on(plan, job, gpus, gpu_type or old_type)
-        if new is None:
-            state.allocate(old)  # it was just released, so it is still free
-            continue
-        state.allocate(new)
-        why = reason(job, (gpu_type or old_type, gpus))
-        if new.total == old.total:
-            plan.decisions.append(Migrate(job.job_id, new, why, pause_s))
-        else:
-            plan.decisions.append(Resize(job.job_id, new, why, None, pause_s))
-    starts = [(job, targets[job.job_id]) for job in ctx.pending.values() if job.job_id in targets]
-    starts.sort(key=lambda s: (-s[1][1], s[0].key))
-    for job, (gpu_type, gpus) in starts:
-        alloc = place_on(plan, job, gpus, gpu_type)
-        if alloc is not None:
-            plan.start(job, alloc, reason(job, (gpu_type, gpus)))
-
-
+# ----------------------------------------------------------------- the round
 def round_key(ctx: SchedulingContext) -> tuple:
     return (ctx.now, frozenset(ctx.pending), frozenset(ctx.running))
 
@@ -273,12 +147,10 @@ class ElasticFlow:
 
     def __init__(self, pause_s: float = 30.0, max_scale: int = 4, margin: float = 0.05,
                  on_miss: str = "best-effort") -> None:
-        self.pause_s = float(check_number(pause_s, "pause_s", low=0))
-        self.max_scale = int(check_number(max_scale, "max_scale", low=1, integer=True))
-        self.margin = float(check_number(margin, "margin", low=0, high=1, high_open=True))
-        if on_miss not in ON_MISS:
-            raise LoomInputError(f"must be one of {', '.join(ON_MISS)}, got {on_miss!r}", field=f"{FIELD}.on_miss")
-        self.on_miss = on_miss
+        self.pause_s = params.number(pause_s, "pause_s", low=0)
+        self.max_scale = params.integer(max_scale, "max_scale", low=1)
+        self.margin = params.number(margin, "margin", low=0, high=1, high_open=True)
+        self.on_miss = params.choice(on_miss, "on_miss", ON_MISS)
         self.admitted: dict[str, float] = {}  # job id → deadline
         self.dropped: dict[str, str] = {}  # job id → reason
         self._tp: Throughputs | None = None

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
 
 import numpy as np
 
@@ -42,21 +41,12 @@ from loom.core.decisions import Decision, Migrate, Timer
 from loom.core.jobs import Job
 from loom.core.protocols import POLICIES
 from loom.core.round import RoundPlan
-from loom.errors import LoomInputError
 from loom.hardware.state import Allocation, ClusterState
 from loom.hardware.topology import Topology
 from loom.placement.common import masked_free, take_in_order
+from loom.policies import params
 
-FIELD = "policy.params"
 TINY = 1e-9
-
-
-def _number(value: Any, name: str, allow_zero: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
-            value < 0 if allow_zero else value <= 0):
-        raise LoomInputError(f"must be a finite number {'≥' if allow_zero else '>'} 0, got {value!r}",
-                             field=f"{FIELD}.{name}")
-    return float(value)
 
 
 def locality_key(nodes: tuple[int, ...], topology: Topology) -> tuple[int, ...]:
@@ -91,8 +81,8 @@ class Gandiva:
     name = "gandiva"
 
     def __init__(self, time_slice_s: float = 600.0, migration_pause_s: float = 30.0) -> None:
-        self.time_slice_s = _number(time_slice_s, "time_slice_s", allow_zero=False)
-        self.migration_pause_s = _number(migration_pause_s, "migration_pause_s", allow_zero=True)
+        self.time_slice_s = params.number(time_slice_s, "time_slice_s", low=0, low_open=True)
+        self.migration_pause_s = params.number(migration_pause_s, "migration_pause_s", low=0)
         self._next_slice = -math.inf
         self._suspended: tuple[float, set[str]] = (-math.inf, set())
         self.round_latencies: list[tuple[float, float]] = []

@@ -85,7 +85,6 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
 
 import numpy as np
 
@@ -93,21 +92,13 @@ from loom.core.context import SchedulingContext
 from loom.core.decisions import Decision, Migrate, Preempt, Resume, Start, Timer
 from loom.core.jobs import Job
 from loom.core.protocols import POLICIES
-from loom.errors import LoomInputError
 from loom.hardware.state import Allocation, ClusterState
-from loom.policies.gavel_lp import FIELD, OBJECTIVES, solve_allocation
+from loom.policies import params
+from loom.policies.gavel_lp import OBJECTIVES, solve_allocation
 from loom.policies.throughput import Throughputs
 
 EPS = 1e-3
 TINY = 1e-9
-
-
-def _positive(value: Any, name: str, allow_zero: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or (
-            value < 0 if allow_zero else value <= 0):
-        kind = "≥ 0" if allow_zero else "> 0"
-        raise LoomInputError(f"must be a finite number {kind}, got {value!r}", field=f"{FIELD}.{name}")
-    return float(value)
 
 
 @POLICIES.register("gavel")
@@ -116,12 +107,9 @@ class Gavel:
 
     def __init__(self, objective: str = "max-min-fairness", round_s: float = 360.0,
                  migration_pause_s: float = 30.0) -> None:
-        if objective not in OBJECTIVES:
-            raise LoomInputError(f"unknown objective {objective!r} (known: {', '.join(OBJECTIVES)})",
-                                 field=f"{FIELD}.objective")
-        self.objective = objective
-        self.round_s = _positive(round_s, "round_s")
-        self.migration_pause_s = _positive(migration_pause_s, "migration_pause_s", allow_zero=True)
+        self.objective = params.choice(objective, "objective", OBJECTIVES)
+        self.round_s = params.number(round_s, "round_s", low=0, low_open=True)
+        self.migration_pause_s = params.number(migration_pause_s, "migration_pause_s", low=0)
         self._thr: Throughputs | None = None
         # per job, indexed by `Job.key`: its throughput row, normaliser, GPUs, submit time (computed once:
         # they depend only on the job's spec and GPU count, which Gavel never changes) and seconds run per type

@@ -98,12 +98,13 @@ from loom.core.jobs import Job
 from loom.core.protocols import POLICIES
 from loom.core.round import RoundPlan
 from loom.hardware.state import Allocation
-from loom.perf.inputs import Hardware, TrainingJob
-from loom.perf.presets import preset, preset_names
+from loom.perf.inputs import Hardware, estimator_job, trace_batch
+from loom.perf.presets import preset_names
 from loom.perf.search import Choices, search_plans
-from loom.policies.elasticflow import check_number, healthy_capacities, place_on
+from loom.policies import params
+from loom.policies.elastic_common import healthy_capacities, place_on
 from loom.policies.move_search import JobGroup, NoGainProofs, SearchLimit
-from loom.policies.sia_arena import ArenaRounds, SiaArena, check_bool
+from loom.policies.sia_arena import ArenaRounds, SiaArena
 from loom.policies.throughput import Throughputs
 from loom.workload.job import JobSpec
 
@@ -127,15 +128,15 @@ class GavelArena:
     def __init__(self, round_s: float = 300.0, restart_s_per_gpu: float = 150.0, restart_cap_s: float = 600.0,
                  max_moves: int = 3, quantise_cost: bool = True, first_start_cost: bool = True,
                  solve_limit: float = 10.0, dp_memory_check: bool = True, search_nodes: int = 20_000) -> None:
-        self.round_s = float(check_number(round_s, "round_s", low=1, high=3600))
-        self.restart_s_per_gpu = float(check_number(restart_s_per_gpu, "restart_s_per_gpu", low=0))
-        self.restart_cap_s = float(check_number(restart_cap_s, "restart_cap_s", low=0))
-        self.max_moves = int(check_number(max_moves, "max_moves", low=0, integer=True))
-        self.quantise_cost = check_bool(quantise_cost, "quantise_cost")
-        self.first_start_cost = check_bool(first_start_cost, "first_start_cost")
-        self.solve_limit = float(check_number(solve_limit, "solve_limit", low=0, low_open=True))
-        self.dp_memory_check = check_bool(dp_memory_check, "dp_memory_check")
-        self.search_nodes = int(check_number(search_nodes, "search_nodes", low=0, integer=True))
+        self.round_s = params.number(round_s, "round_s", low=1, high=3600)
+        self.restart_s_per_gpu = params.number(restart_s_per_gpu, "restart_s_per_gpu", low=0)
+        self.restart_cap_s = params.number(restart_cap_s, "restart_cap_s", low=0)
+        self.max_moves = params.integer(max_moves, "max_moves", low=0)
+        self.quantise_cost = params.boolean(quantise_cost, "quantise_cost")
+        self.first_start_cost = params.boolean(first_start_cost, "first_start_cost")
+        self.solve_limit = params.number(solve_limit, "solve_limit", low=0, low_open=True)
+        self.dp_memory_check = params.boolean(dp_memory_check, "dp_memory_check")
+        self.search_nodes = params.integer(search_nodes, "search_nodes", low=0)
         self._params: Any = None  # CP-SAT's, made on the first solve (importing OR-Tools takes ~0.5 s)
         self.dropped: dict[str, str] = {}  # job id → why it is never started
         self.restarts: dict[str, int] = {}  # job id → starts + moves so far
@@ -180,11 +181,11 @@ class GavelArena:
         if not spec.model or spec.model not in preset_names():
             return True
         assert self._tp is not None
-        batch = spec.batch_size or self._tp.default_batch
+        batch = trace_batch(spec.batch_size, self._tp.default_batch)
         key = (spec.model, batch, spec.gpus, gpu_type)
         fits = self._dp_memo.get(key)
         if fits is None:
-            job = TrainingJob(preset(spec.model), -(-batch // spec.gpus) * spec.gpus)
+            job, _ = estimator_job(spec.model, batch, spec.gpus)
             hardware = Hardware(gpu_type, gpus_per_node=ctx.topology.gpus_per_node(gpu_type))
             plain_dp = Choices(tp=1, pp=1, vpp=1, zero=0, recompute="none")
             result = search_plans(job, hardware, spec.gpus, choices=plain_dp, top=1, estimator=self._tp.estimator)

@@ -12,10 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from loom.errors import LoomInputError
+from loom.policies import params
 
 OBJECTIVES = ("max-sum-throughput", "max-min-fairness")
-FIELD = "policy.params"
 
 
 def equal_share(thr: np.ndarray, gpus: np.ndarray, capacity: np.ndarray) -> np.ndarray:
@@ -133,9 +132,7 @@ def solve_allocation(thr: np.ndarray, gpus: np.ndarray, capacity: np.ndarray,
     caller keeps) remembers the last per-class LP and its solution: an identical LP
     (same classes, class sizes, capacities) is not solved again.
     """
-    if objective not in OBJECTIVES:
-        raise LoomInputError(f"unknown objective {objective!r} (known: {', '.join(OBJECTIVES)})",
-                             field=f"{FIELD}.objective")
+    params.choice(objective, "objective", OBJECTIVES)
     thr = np.asarray(thr, dtype=float)
     gpus = np.asarray(gpus, dtype=float)
     capacity = np.asarray(capacity, dtype=float)

@@ -51,11 +51,11 @@ from loom.core.jobs import Job
 from loom.core.protocols import POLICIES
 from loom.core.round import RoundPlan
 from loom.errors import LoomInputError
+from loom.policies import params
 from loom.workload.job import JobClass, JobSpec
 
 DEFAULT_BEST_EFFORT_CLASSES = ("eval", "debug")
 ORDERS = ("fcfs", "priority")
-FIELD = "policy.params"
 
 
 def _recent_first(job: Job) -> tuple[float, int]:
@@ -67,6 +67,8 @@ def vc_label(vc: str | None) -> str:
 
 
 def check_quota_value(value: Any, field: str, source: str | None = None) -> int:
+    """A VC quota: whole GPUs ≥ 0. Not `params.integer`: quotas also come from files and
+    reports, so the error names the file (`source`) and says what a quota is."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise LoomInputError(f"a quota must be a whole number of GPUs, got {value!r}", source=source, field=field)
     if value < 0:
@@ -74,7 +76,7 @@ def check_quota_value(value: Any, field: str, source: str | None = None) -> int:
     return value
 
 
-def parse_quotas(quotas: Any, field: str = f"{FIELD}.quotas", source: str | None = None) -> dict[str, int]:
+def parse_quotas(quotas: Any, field: str = params.field("quotas"), source: str | None = None) -> dict[str, int]:
     """VC → guaranteed GPUs, checked: a mapping of names to whole numbers ≥ 0.
 
     Keys are turned into strings (YAML reads a VC named 103959 as a number).
@@ -92,7 +94,7 @@ def load_quota_file(path: str | Path) -> dict[str, int]:
         data = yaml.safe_load(Path(path).read_text())
     except OSError as exc:
         raise LoomInputError(f"cannot read quota file: {exc.strerror}", source=source,
-                             field=f"{FIELD}.quota_file") from None
+                             field=params.field("quota_file")) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise LoomInputError(f"invalid YAML: {getattr(exc, 'problem', exc)}", source=source,
@@ -114,7 +116,7 @@ def best_effort_rule(best_effort_classes: Iterable[str] | None = DEFAULT_BEST_EF
         value = name.value if isinstance(name, JobClass) else name
         if value not in known:
             raise LoomInputError(f"unknown job class {name!r} (known: {', '.join(sorted(known))})",
-                                 field=f"{FIELD}.best_effort_classes")
+                                 field=params.field("best_effort_classes"))
         classes.add(value)
     frozen = frozenset(classes)
 
@@ -132,16 +134,14 @@ class QuotaPolicy:
                  default_quota: int = 0, best_effort_classes: list[str] | tuple[str, ...] | None =
                  DEFAULT_BEST_EFFORT_CLASSES, order: str = "fcfs") -> None:
         if quotas is not None and quota_file is not None:
-            raise LoomInputError("give quotas or quota_file, not both", field=f"{FIELD}.quotas")
+            raise LoomInputError("give quotas or quota_file, not both", field=params.field("quotas"))
         if quotas is None and quota_file is None:
             raise LoomInputError("the quota policy needs per-VC quotas: set quotas ({vc: gpus}) or quota_file",
-                                 field=f"{FIELD}.quotas")
+                                 field=params.field("quotas"))
         self.quotas = parse_quotas(quotas) if quotas is not None else load_quota_file(quota_file)  # type: ignore[arg-type]
-        self.default_quota = check_quota_value(default_quota, f"{FIELD}.default_quota")
+        self.default_quota = check_quota_value(default_quota, params.field("default_quota"))
         self.is_best_effort = best_effort_rule(best_effort_classes)
-        if order not in ORDERS:
-            raise LoomInputError(f"unknown order {order!r} (known: {', '.join(ORDERS)})", field=f"{FIELD}.order")
-        self.order = order
+        self.order = params.choice(order, "order", ORDERS)
 
     # ------------------------------------------------------------ queries
     def quota_of(self, vc: str | None) -> int:

@@ -38,10 +38,11 @@ from loom.core.jobs import Job
 from loom.core.plan import ParallelPlan
 from loom.core.protocols import POLICIES
 from loom.core.round import RoundPlan
-from loom.errors import LoomInputError
 from loom.hardware.state import Allocation
+from loom.policies import params
 
 MODES = ("predict", "strict", "best-effort")
+RESERVATION_PLACERS = ("arnold", "best-fit")
 
 
 @dataclass
@@ -69,16 +70,11 @@ class ReservationPolicy:
 
     def __init__(self, mode: str = "predict", alpha: float = 0.3, grace_s: float = 6 * 3600.0,
                  time_limit_s: float = 1.0, reservation_placer: str = "arnold") -> None:
-        if mode not in MODES:
-            raise LoomInputError(f"must be one of {', '.join(MODES)}, got {mode!r}", field="policy.params.mode")
-        if reservation_placer not in ("arnold", "best-fit"):
-            raise LoomInputError(f"must be arnold or best-fit, got {reservation_placer!r}",
-                                 field="policy.params.reservation_placer")
-        self.reservation_placer = reservation_placer
-        self.mode = mode
-        self.alpha = alpha
-        self.grace_s = grace_s
-        self.time_limit_s = time_limit_s
+        self.mode = params.choice(mode, "mode", MODES)
+        self.reservation_placer = params.choice(reservation_placer, "reservation_placer", RESERVATION_PLACERS)
+        self.alpha = params.number(alpha, "alpha", low=0, high=1)  # Arnold's DP-vs-PP weight
+        self.grace_s = params.number(grace_s, "grace_s", low=0)
+        self.time_limit_s = params.number(time_limit_s, "time_limit_s", low=0)
         self.planned: dict[str, Planned] = {}
         self.stats = ReservationStats()
         self.timeline: list[tuple[float, int, int, int]] = []  # (t, busy nodes, reserved nodes, reserved busy)

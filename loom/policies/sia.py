@@ -45,10 +45,10 @@ from loom.core.decisions import Decision, Timer
 from loom.core.jobs import Job
 from loom.core.protocols import POLICIES
 from loom.core.round import RoundPlan
-from loom.policies.elasticflow import (
+from loom.policies import params
+from loom.policies.elastic_common import (
     Target,
     apply_targets,
-    check_number,
     healthy_capacity,
     power_sizes,
     type_of,
@@ -63,10 +63,10 @@ class Sia:
     name = "sia"
 
     def __init__(self, round_s: float = 120.0, p: float = -0.5, pause_s: float = 30.0, max_scale: int = 4) -> None:
-        self.round_s = float(check_number(round_s, "round_s", low=1, high=3600))
-        self.p = float(check_number(p, "p", high=1, high_open=True))
-        self.pause_s = float(check_number(pause_s, "pause_s", low=0))
-        self.max_scale = int(check_number(max_scale, "max_scale", low=1, integer=True))
+        self.round_s = params.number(round_s, "round_s", low=1, high=3600)
+        self.p = params.number(p, "p", high=1, high_open=True)
+        self.pause_s = params.number(pause_s, "pause_s", low=0)
+        self.max_scale = params.integer(max_scale, "max_scale", low=1)
         self.next_round = -math.inf
         self.rounds_solved = 0
         self._tp: Throughputs | None = None

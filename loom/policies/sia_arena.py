@@ -72,24 +72,12 @@ from loom.core.decisions import Decision, Migrate, Timer
 from loom.core.jobs import Job
 from loom.core.protocols import POLICIES
 from loom.core.round import RoundPlan
-from loom.errors import LoomInputError
-from loom.policies.elasticflow import (
-    FIELD,
-    check_number,
-    place_on,
-    power_sizes,
-    type_of,
-)
+from loom.policies import params
+from loom.policies.elastic_common import place_on, power_sizes, type_of
 from loom.policies.throughput import Throughputs
 
 EPS = 1e-6
 P_FAIRNESS = 0.5  # Arena's p_fairness: utility = (f · goodput) ** 0.5
-
-
-def check_bool(value: object, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise LoomInputError(f"must be true or false, got {value!r}", field=f"{FIELD}.{name}")
-    return value
 
 
 class ArenaRounds:
@@ -136,13 +124,13 @@ class SiaArena:
     def __init__(self, round_s: float = 300.0, restart_s_per_gpu: float = 150.0, restart_cap_s: float = 600.0,
                  max_gpus: int = 16, max_moves: int = 3, quantise_cost: bool = True,
                  first_start_cost: bool = True) -> None:
-        self.round_s = float(check_number(round_s, "round_s", low=1, high=3600))
-        self.restart_s_per_gpu = float(check_number(restart_s_per_gpu, "restart_s_per_gpu", low=0))
-        self.restart_cap_s = float(check_number(restart_cap_s, "restart_cap_s", low=0))
-        self.max_gpus = int(check_number(max_gpus, "max_gpus", low=1, integer=True))
-        self.max_moves = int(check_number(max_moves, "max_moves", low=0, integer=True))
-        self.quantise_cost = check_bool(quantise_cost, "quantise_cost")
-        self.first_start_cost = check_bool(first_start_cost, "first_start_cost")
+        self.round_s = params.number(round_s, "round_s", low=1, high=3600)
+        self.restart_s_per_gpu = params.number(restart_s_per_gpu, "restart_s_per_gpu", low=0)
+        self.restart_cap_s = params.number(restart_cap_s, "restart_cap_s", low=0)
+        self.max_gpus = params.integer(max_gpus, "max_gpus", low=1)
+        self.max_moves = params.integer(max_moves, "max_moves", low=0)
+        self.quantise_cost = params.boolean(quantise_cost, "quantise_cost")
+        self.first_start_cost = params.boolean(first_start_cost, "first_start_cost")
         self.dropped: dict[str, str] = {}  # job id → why it is never started
         self.restarts: dict[str, int] = {}  # job id → starts + moves so far (Arena's resched count)
         self._rounds = ArenaRounds(self.round_s, self.name)

@@ -56,7 +56,8 @@ from loom.core.round import RoundPlan
 from loom.errors import LoomInputError
 from loom.hardware.state import Allocation
 from loom.perf.interruptions import InterruptionModel, default_plan
-from loom.policies.elasticflow import FIELD, check_number, place_on
+from loom.policies import params
+from loom.policies.elastic_common import place_on
 from loom.workload.job import JobSpec
 
 TIERS = ("premium", "standard", "basic")  # highest first: a tier's rank is its index
@@ -89,21 +90,15 @@ class TierRule:
 
     def __post_init__(self) -> None:
         for tier in TIERS:
-            check_number(self.fractions.get(tier), tier, low=0, high=1)
-        if self.tier_by not in TIER_BY:
-            raise LoomInputError(f"must be one of {', '.join(TIER_BY)}, got {self.tier_by!r}",
-                                 field=f"{FIELD}.tier_by")
-        if self.default_tier not in TIERS:
-            raise LoomInputError(f"must be one of {', '.join(TIERS)}, got {self.default_tier!r}",
-                                 field=f"{FIELD}.default_tier")
+            params.number(self.fractions.get(tier), tier, low=0, high=1)
+        params.choice(self.tier_by, "tier_by", TIER_BY)
+        params.choice(self.default_tier, "default_tier", TIERS)
         if self.tiers_map is not None:
             if not isinstance(self.tiers_map, Mapping):
                 raise LoomInputError(f"must be a mapping of values to tiers, got {self.tiers_map!r}",
-                                     field=f"{FIELD}.tiers_map")
+                                     field=params.field("tiers_map"))
             for key, tier in self.tiers_map.items():
-                if tier not in TIERS:
-                    raise LoomInputError(f"must be one of {', '.join(TIERS)}, got {tier!r}",
-                                         field=f"{FIELD}.tiers_map.{key}")
+                params.choice(tier, f"tiers_map.{key}", TIERS)
 
     def tier(self, spec: JobSpec) -> str:
         mapping = self.tiers_map or {}
@@ -154,12 +149,10 @@ class SlaTiers:
         fractions = {"premium": premium, "standard": standard, "basic": basic}
         self.rule = TierRule(fractions, tier_by, dict(tiers_map) if isinstance(tiers_map, Mapping) else tiers_map,
                              default_tier)
-        self.min_resize_interval_s = float(check_number(min_resize_interval_s, "min_resize_interval_s", low=0))
-        self.pause_s = float(check_number(pause_s, "pause_s", low=0))
-        if not isinstance(elastic, bool):
-            raise LoomInputError(f"must be true or false, got {elastic!r}", field="policy.params.elastic")
+        self.min_resize_interval_s = params.number(min_resize_interval_s, "min_resize_interval_s", low=0)
+        self.pause_s = params.number(pause_s, "pause_s", low=0)
         # False: tiers only order the queue; jobs start at full size and are never shrunk or preempted
-        self.elastic = elastic
+        self.elastic = params.boolean(elastic, "elastic")
         self.last_change: dict[str, float] = {}  # job → time of its last start/resume/resize by this policy
         self._timers: set[float] = set()
         self._facts: dict[str, _Facts] = {}  # job → its memoised tier, sizes and guarantee

@@ -20,12 +20,17 @@ from functools import lru_cache
 
 from loom.hardware.topology import Topology
 from loom.perf.estimator import Estimator
-from loom.perf.inputs import Hardware, TrainingJob
-from loom.perf.presets import preset, preset_names
+from loom.perf.inputs import (
+    DEFAULT_BATCH,
+    Hardware,
+    TrainingJob,
+    estimator_job,
+    trace_batch,
+)
+from loom.perf.presets import preset_names
 from loom.perf.search import Choices, any_plan_fits, fastest_plan
 from loom.workload.job import JobSpec
 
-DEFAULT_BATCH = 256
 _MEMO_LIMIT = 1 << 18  # entries per answer memo (cleared when full)
 
 
@@ -56,7 +61,7 @@ class Throughputs:
             return 0.0
         if not spec.model or spec.model not in self._presets:
             return gpus / spec.gpus  # trace semantics: the requested size runs at rate 1
-        return self._cached(spec.model, spec.batch_size or self.default_batch, gpu_type, gpus,
+        return self._cached(spec.model, trace_batch(spec.batch_size, self.default_batch), gpu_type, gpus,
                             self._gpus_per_node(gpu_type), dp_only)
 
     def runs(self, spec: JobSpec, gpu_type: str, gpus: int) -> bool:
@@ -69,8 +74,8 @@ class Throughputs:
             elif (known := self._of.get(key[:5] + (False,))) is not None:
                 value = known > 0
             else:
-                job, hardware = self._inputs(spec.model, spec.batch_size or self.default_batch, gpu_type, gpus,
-                                             self._gpus_per_node(gpu_type))
+                job, _, hardware = self._inputs(spec.model, trace_batch(spec.batch_size, self.default_batch),
+                                                gpu_type, gpus, self._gpus_per_node(gpu_type))
                 value = any_plan_fits(job, hardware, gpus, choices=Choices(vpp=1), estimator=self.estimator)
             if len(self._of) >= _MEMO_LIMIT:
                 self._of.clear()
@@ -102,16 +107,17 @@ class Throughputs:
         return per_node
 
     @staticmethod
-    def _inputs(model: str, batch: int, gpu_type: str, gpus: int, per_node: int) -> tuple[TrainingJob, Hardware]:
-        """The estimator's job (global batch rounded up to a multiple of `gpus`) and hardware."""
-        return TrainingJob(preset(model), -(-batch // gpus) * gpus), Hardware(gpu_type, gpus_per_node=per_node)
+    def _inputs(model: str, batch: int, gpu_type: str, gpus: int, per_node: int
+                ) -> tuple[TrainingJob, float, Hardware]:
+        """The estimator's job and batch scale (`estimator_job`: the speed model's batch rule) and hardware."""
+        job, scale = estimator_job(model, batch, gpus)
+        return job, scale, Hardware(gpu_type, gpus_per_node=per_node)
 
     def _compute(self, model: str, batch: int, gpu_type: str, gpus: int, per_node: int, dp_only: bool) -> float:
-        job, hardware = self._inputs(model, batch, gpu_type, gpus, per_node)
-        global_batch = job.global_batch
+        job, scale, hardware = self._inputs(model, batch, gpu_type, gpus, per_node)
         choices = Choices(tp=1, pp=1, vpp=1) if dp_only else Choices(vpp=1)
         # DP-only plans that do not fit in memory: the baseline still believes DP scaling
         best = fastest_plan(job, hardware, gpus, choices=choices, estimator=self.estimator, or_unfit=dp_only)
         if best is None or not (best.feasible or dp_only):
             return 0.0
-        return batch / global_batch / best.iteration_s
+        return scale / best.iteration_s

@@ -47,13 +47,20 @@ from loom.errors import LoomInputError
 from loom.hardware.state import Allocation
 from loom.hardware.topology import Topology
 from loom.perf.estimator import Estimator
-from loom.perf.inputs import PACKED, Hardware, Placement, PlanError, TrainingJob
+from loom.perf.inputs import (
+    DEFAULT_BATCH,
+    PACKED,
+    Hardware,
+    Placement,
+    PlanError,
+    estimator_job,
+    trace_batch,
+)
 from loom.perf.placement import placement_of
-from loom.perf.presets import preset, preset_for_gpus, preset_names
+from loom.perf.presets import preset_for_gpus, preset_names
 from loom.perf.search import Choices, fastest_plan
 from loom.workload.job import JobSpec
 
-DEFAULT_BATCH = 256
 TRACE_MODEL_RULES = ("keep", "by-size")
 
 
@@ -100,7 +107,7 @@ class EstimatorSpeed:
             return allocation.total / spec.gpus
         gpu_type = topology.gpu_types[int(topology.node_type[allocation.nodes[0]])]
         per_node = topology.gpus_per_node(gpu_type)
-        batch = spec.batch_size or self.default_batch
+        batch = trace_batch(spec.batch_size, self.default_batch)
         reference = self._best(model, batch, spec.gpu_type or gpu_type, spec.gpus,
                                topology.gpus_per_node(spec.gpu_type or gpu_type))
         plan = job.plan if job.plan is not None and job.plan.world_size == allocation.total else None
@@ -117,7 +124,7 @@ class EstimatorSpeed:
 
     # -- estimates ---------------------------------------------------------------
     def iteration_seconds(self, spec: JobSpec, gpu_type: str, gpus: int, topology: Topology) -> float:
-        batch = spec.batch_size or self.default_batch
+        batch = trace_batch(spec.batch_size, self.default_batch)
         seconds, scale, _ = self._best(spec.model, batch, gpu_type, gpus, topology.gpus_per_node(gpu_type))
         return seconds * scale
 
@@ -136,7 +143,7 @@ class EstimatorSpeed:
     def _planned_estimate(self, model: str, batch: int, gpu_type: str, per_node: int, gpus: int,
                           plan: ParallelPlan, placement: Placement) -> float | None:
         """Iteration seconds of `plan` on `gpus` GPUs placed as `placement` (None: it cannot run)."""
-        job = TrainingJob(preset(model), _batch_for(batch, gpus))
+        job, _ = estimator_job(model, batch, gpus)
         try:
             return self.estimator.estimate(job, Hardware(gpu_type, gpus_per_node=per_node), plan, placement).iteration_s
         except PlanError:
@@ -149,10 +156,9 @@ class EstimatorSpeed:
             raise LoomInputError(
                 f"model '{model_name}' has no loom.perf preset (known: {', '.join(preset_names())})", field="model"
             )
-        job = TrainingJob(preset(model_name), _batch_for(batch, gpus))
+        job, scale = estimator_job(model_name, batch, gpus)
         hardware = Hardware(gpu_type, gpus_per_node=per_node)
         best = fastest_plan(job, hardware, gpus, choices=Choices(vpp=1), estimator=self.estimator, or_unfit=True)
-        scale = batch / job.global_batch
         if best is None:
             raise LoomInputError(f"no valid plan for {model_name} on {gpus} {gpu_type} GPUs", field="model")
         if best.feasible:
@@ -185,12 +191,6 @@ def _placement(allocation: Allocation, plan: ParallelPlan, topology: Topology) -
         return placement_of(allocation.nodes, plan, topology, allocation.gpus)
     except LoomInputError:
         return PACKED
-
-
-def _batch_for(batch: int, gpus: int) -> int:
-    """The global batch, rounded up to a multiple of the GPU count so every
-    data-parallel plan divides it (the extra samples are priced out again)."""
-    return -(-batch // gpus) * gpus
 
 
 def derive_durations(specs: Sequence[JobSpec], topology: Topology, iteration_scale: float,

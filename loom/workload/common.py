@@ -229,12 +229,6 @@ def build_specs(n: int, columns: dict[str, Any]) -> list[JobSpec]:
     return jobs
 
 
-def enum_values(series: pl.Series, mapping: dict[str, Any], default: Any) -> list[Any]:
-    """Map raw labels (case-insensitive, stripped) to enum members."""
-    lookup = {k.lower(): v for k, v in mapping.items()}
-    return [default if v is None else lookup.get(v.strip().lower(), default) for v in series.to_list()]
-
-
 STATUS_NAMES: dict[str, FinalStatus] = {s.value: s for s in FinalStatus}
 CLASS_NAMES: dict[str, JobClass] = {c.value: c for c in JobClass}
 

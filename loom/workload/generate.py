@@ -233,10 +233,6 @@ def generate(profile: str | Profile, days: float, seed: int = 0, scale: float = 
     return specs
 
 
-CSV_COLUMNS = ("job_id", "submit_time", "gpus", "duration", "gpu_type", "job_class", "user", "vc", "final_status",
-               "model", "preemptible", "priority", "announce_time")
-
-
 def write_csv(specs: list[JobSpec], path: str | Path) -> Path:
     """Write jobs in the generic CSV format (read back by `load_trace("csv:PATH")`)."""
     import polars as pl

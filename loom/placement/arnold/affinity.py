@@ -203,12 +203,6 @@ def affinity_for(gpu_type: str | None, r1: float, r2: float,
     return best.alpha, best.beta, best
 
 
-def affinity_for_job(model: ModelSpec, gpu_type: str, tp: int, pp: int, micro_batch: int, grad_bytes: int = 1,
-                     activation_bytes: int = 1) -> tuple[float, float, AffinityEntry]:
-    """`affinity_for` at the job's own (r1, r2)."""
-    return affinity_for(gpu_type, *ratios(model, tp, pp, micro_batch, grad_bytes, activation_bytes))
-
-
 # ---------------------------------------------------------------- profiling
 def profile_with_estimator(model: ModelSpec | str, gpu_type: str, tp: int, pp: int, dp: int, *,
                            micro_batch: int = 1, global_batch: int | None = None, grad_bytes: int = 2,

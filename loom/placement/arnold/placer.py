@@ -82,6 +82,9 @@ def _shape_for(model: str, gpus: int, per_node: int, gpu_type: str) -> JobShape:
     if model in preset_names():
         try:
             spec = preset(model)
+            # A notional pretraining batch (512, rounded down to a multiple of the GPU count), not the
+            # job's batch by `loom.perf.inputs.estimator_job`: that rule picks other shapes for some jobs
+            # (e.g. llama2-70b on 128 H800 GPUs: dp·tp·pp 16·2·4 → 128·1·1), so it is a decision of its own.
             job = TrainingJob(spec, max(gpus, 512) // gpus * gpus)
             best = fastest_plan(job, Hardware(gpu_type, gpus_per_node=per_node), gpus, choices=Choices(vpp=1))
             if best is not None and (best.plan.dp * best.plan.tp) % per_node == 0 and best.plan.tp <= per_node:

@@ -293,13 +293,6 @@ def aligned_labels_from_counts(n: np.ndarray, shape: JobShape, unit: str) -> np.
     return lab if unit == "pp" else lab.T.copy()
 
 
-def arnold_grid_from_counts(n: np.ndarray, shape: JobShape, topology: Topology, free: np.ndarray,
-                            unit: str) -> np.ndarray:
-    """Concrete grid (grid[r, c] = node) from a count solution n[unit, minipod]."""
-    labels = labels_from_counts(n, shape, unit)
-    return assign_nodes(labels, topology, free, rows_first=(unit == "pp"))
-
-
 # ------------------------------------------------------------------ entry
 def arnold_place(shape: JobShape, topology: Topology, free: np.ndarray, alpha: float, *,
                  time_limit_s: float = 1.0, local_search: bool = True, seed: int = 0) -> ArnoldResult:
