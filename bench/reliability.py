@@ -43,7 +43,7 @@ from loom.perf.interruptions import InterruptionCosts, InterruptionModel
 from loom.report.metrics import summary
 from loom.report.sla import sla_attainment
 from loom.sim.engine import Simulation
-from loom.sim.recovery import RecoveryConfig
+from loom.core.recovery import RecoveryConfig
 from loom.workload.faults import load_fault_trace
 from loom.workload.generate import generate
 from loom.workload.job import JobClass, JobSpec

@@ -58,7 +58,7 @@ class SimConfig(_Strict):
     job_failures: str | None = None
     # interruption costs (loom.perf.interruptions.InterruptionCosts fields); {} = defaults, null = off
     interruptions: dict[str, Any] | None = None
-    # failure recovery (loom.sim.recovery.RecoveryConfig fields); {} = defaults, null = off
+    # failure recovery (loom.core.recovery.RecoveryConfig fields); {} = defaults, null = off
     recovery: dict[str, Any] | None = None
     outputs: Outputs = Outputs()
 

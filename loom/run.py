@@ -29,8 +29,8 @@ from loom.registry import Registry
 from loom.report.decision_log import write_decision_log
 from loom.report.metrics import job_records, summary
 from loom.sim.engine import Simulation, SimulationResult
-from loom.sim.events import NodeFailure
-from loom.sim.recovery import RecoveryConfig
+from loom.workload.faults import NodeFailure
+from loom.core.recovery import RecoveryConfig
 from loom.workload.job import FinalStatus
 from loom.workload.loaders import load_trace
 

@@ -23,7 +23,7 @@ from loom.core.protocols import PLACERS, POLICIES
 from loom.hardware.clos import DEFAULT_TIERS, clos
 from loom.hardware.topology import NodeDef, Topology
 from loom.sim.engine import Simulation, SimulationResult
-from loom.sim.events import NodeFailure
+from loom.workload.faults import NodeFailure
 from loom.workload.job import JobSpec
 
 # The built-ins named in the brief; hard-coded (not POLICIES.names()) so that a
@@ -258,19 +258,24 @@ class AuditPolicy:
 def check_accounting(ctx: SchedulingContext, jobs: list[Job]) -> None:
     topo, state = ctx.topology, ctx.state
     assert not (ctx.pending.keys() & ctx.running.keys()), "a job is both pending and running"
+    held_by = (ctx.pending, ctx.running, ctx.starting, ctx.stopping)
     for job in jobs:
-        where = (job.job_id in ctx.pending, job.job_id in ctx.running)
-        if job.state is JobState.PENDING:
-            assert where == (True, False) or job.spec.submit_time > ctx.now, f"{job} not queued"
+        where = tuple(job.job_id in d for d in held_by)
+        if job.state in (JobState.PENDING, JobState.SUSPENDED):
+            assert where == (True, False, False, False) or job.spec.submit_time > ctx.now, f"{job} not queued"
         elif job.state is JobState.RUNNING:
-            assert where == (False, True), f"{job} running but not in ctx.running"
+            assert where == (False, True, False, False), f"{job} running but not in ctx.running"
+        elif job.state is JobState.STARTING:
+            assert where == (False, False, True, False), f"{job} starting but not in ctx.starting"
+        elif job.state is JobState.STOPPING:
+            assert where == (False, False, False, True), f"{job} stopping but not in ctx.stopping"
         else:
-            assert where == (False, False), f"{job} {job.state.name} but still queued/running"
+            assert where == (False, False, False, False), f"{job} {job.state.name} but still queued/running"
     used = np.zeros(topo.num_nodes, dtype=np.int64)
     for held in ctx.held.values():  # survivors of jobs in failure recovery
         for node, gpus in zip(held.nodes, held.gpus):
             used[node] += gpus
-    for job in ctx.running.values():
+    for job in [*ctx.running.values(), *ctx.starting.values()]:
         alloc = job.allocation
         assert alloc is not None and alloc.total == job.gpus
         for node, gpus in zip(alloc.nodes, alloc.gpus):
@@ -374,5 +379,5 @@ def check_finish_or_rejected(sc: Scenario, result: SimulationResult) -> None:
             assert job.job_id in result.rejected and job.first_start is None and job.job_id not in logged
         else:
             assert job.state is JobState.FINISHED, f"{job} fits the cluster but ended {job.state.name}"
-            assert job.end_time is not None and job.remaining == 0.0
+            assert job.end_time is not None and job.progress == job.spec.duration
     assert set(result.rejected) == {j.job_id for j in result.jobs if j.state is JobState.REJECTED}

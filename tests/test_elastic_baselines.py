@@ -216,7 +216,9 @@ def test_elasticflow_fill_matches_heap(seed):
     rng = random.Random(seed)
     policy = ElasticFlow(pause_s=rng.choice([0.0, 30.0, 3000.0]))
     members, ladders, share = random_pool(rng, policy, rng.randint(1, 14))
-    ctx = SimpleNamespace(now=rng.uniform(0, 100))
+    now = rng.uniform(0, 100)
+    ctx = SimpleNamespace(now=now, remaining_work=lambda j: max(
+        0.0, j.spec.duration - (j.rate * (now - j.since) if j.state is JobState.RUNNING else 0.0)))
     ids = [j.job_id for j in members]
     top = sum(ladders[j].sizes[-1] if ladders[j].sizes else 0 for j in ids)
     for free in sorted({0, 1, rng.randint(0, top), rng.randint(0, top), top, top + 5}):

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import job
+
 from loom.core.context import SchedulingContext
 from loom.core.decisions import Migrate, Release, Reserve, Resize, Start, Timer
 from loom.core.jobs import JobState
 from loom.core.protocols import PLACERS, POLICIES
+from loom.core.scheduler import DecisionError
 from loom.hardware.state import Allocation
-from loom.sim.backend import DecisionError
 from loom.sim.engine import Simulation
-from loom.sim.events import NodeFailure
+from loom.workload.faults import NodeFailure
 
 
 class Scripted:
@@ -170,7 +170,10 @@ def test_node_failure_evicts_requeues_and_accounts(small_clos):
     assert a.end_time == pytest.approx(100 + 0)  # restarted at once on another node, progress kept
     assert 0 not in a.allocation.nodes
     assert result.failed_gpu_seconds == pytest.approx(8 * 60)
-    assert any("node0 failed" in d.reason for _, d in result.decisions)
+    # the failure is a lifecycle transition in the run record, not a made-up decision
+    assert not any("node0 failed" in d.reason for _, d in result.decisions)
+    hit = [t for t in result.record.transitions_of("a") if "node0 failed" in t.event]
+    assert [(t.old.name, t.new.name, t.at) for t in hit] == [("RUNNING", "SUSPENDED", 40.0)]
 
 
 def test_failed_node_never_used_until_repaired(small_clos):

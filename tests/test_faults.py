@@ -13,7 +13,7 @@ import pytest
 from loom.errors import LoomInputError
 from loom.hardware.clos import clos
 from loom.paths import shared_traces_dir
-from loom.sim.events import NodeFailure
+from loom.workload.faults import NodeFailure
 from loom.workload.faults import (
     DAY,
     INFINITEHBD_PATH,

@@ -23,13 +23,21 @@ from collections import defaultdict
 
 import pytest
 from hypothesis import given
+from simharness import (
+    INF,
+    PROPERTY_SETTINGS,
+    Scenario,
+    _time_tol,
+    alloc_decisions,
+    check_finish_or_rejected,
+    scenarios,
+    simulate,
+)
 
-from loom.core.decisions import Decision, Migrate, Preempt, Resize, Resume, Start
+from loom.core.decisions import Migrate, Preempt, Resize, Resume, Start
 from loom.core.jobs import JobState
 from loom.sim.engine import SimulationResult
-from simharness import (
-    INF, PROPERTY_SETTINGS, Scenario, alloc_decisions, check_finish_or_rejected, scenarios, simulate, _time_tol,
-)
+
 
 # ====================================================================== properties
 # 1. No GPU is ever allocated twice ----------------------------------------------
@@ -94,50 +102,54 @@ def test_gpu_seconds_conserved(sc: Scenario) -> None:
 @PROPERTY_SETTINGS
 @given(scenarios(permanent_failures=True))
 def test_time_is_monotone_and_runs_last_their_duration(sc: Scenario) -> None:
-    """Replays the decision log per job as a state machine (Start once, then
-    Preempt/Resume alternating, Migrate only while running) and checks that
-    the time spent running adds up to the duration, so end - first_start is
-    the duration plus the time spent preempted/evicted (migration costs
-    nothing under the trace model)."""
+    """Replays each job's lifecycle from the run record (one start decision, then
+    running spells ended by preemptions or failures, resumed later) and checks
+    that the time spent running adds up to the duration, so end - first_start is
+    the duration plus the time spent preempted/evicted (migration costs nothing
+    under the trace model). Migrations come from the decision log."""
     result = simulate(sc).result
     times_ = [t for t, _ in result.decisions]
     assert times_ == sorted(times_), "decision log goes back in time"
     assert all(t >= result.start_time for t in times_)
-    by_job: dict[str, list[tuple[float, Decision]]] = defaultdict(list)
-    for t, d in result.decisions:
-        if hasattr(d, "job_id"):
-            by_job[d.job_id].append((t, d))
+    transitions = list(result.record.transitions)
+    assert [t.at for t in transitions] == sorted(t.at for t in transitions), "run record goes back in time"
+    by_job: dict[str, list] = defaultdict(list)
+    for t in transitions:
+        by_job[t.job_id].append(t)
+    migrations = defaultdict(int)
+    for _, d in result.decisions:
+        if isinstance(d, Migrate):
+            migrations[d.job_id] += 1
+    S = JobState
     for job in result.jobs:
         spec, entries = job.spec, by_job.get(job.job_id, [])
         if job.first_start is None:
-            assert not entries and job.end_time is None
+            assert not any(t.new is S.STARTING for t in entries) and job.end_time is None
             continue
         assert spec.submit_time <= job.first_start
-        assert isinstance(entries[0][1], Start) and entries[0][0] == job.first_start
+        launches = [t for t in entries if t.new is S.STARTING]
+        assert launches[0].at == job.first_start and launches[0].event == "start decision"
+        assert all(t.event == "resume decision" for t in launches[1:])
         running_since: float | None = None
         ran = gaps = 0.0
         stopped_at = None
-        counts = defaultdict(int)
-        for t, d in entries:
-            counts[type(d)] += 1
-            if isinstance(d, (Start, Resume)):
-                assert running_since is None, f"{d} for a job already running"
-                assert isinstance(d, Start) == (stopped_at is None), f"{d}: Start/Resume mix-up"
+        stops = 0
+        for t in entries:
+            if t.new is S.RUNNING and t.old is S.STARTING:
+                assert running_since is None, f"{t} for a job already running"
                 if stopped_at is not None:
-                    gaps += t - stopped_at
-                running_since = t
-            elif isinstance(d, Preempt):
-                assert running_since is not None, f"{d} for a job not running"
-                ran += t - running_since
-                running_since, stopped_at = None, t
-            elif isinstance(d, Migrate):
-                assert running_since is not None, f"{d} for a job not running"
-        assert counts[Start] == 1
-        assert counts[Preempt] == job.preemptions + job.failures
-        assert counts[Migrate] == job.migrations
+                    gaps += t.at - stopped_at
+                running_since = t.at
+            elif t.old is S.RUNNING and t.new is not S.RUNNING:
+                assert running_since is not None
+                ran += t.at - running_since
+                running_since = None
+                if t.new is not S.FINISHED:
+                    stopped_at, stops = t.at, stops + 1
+        assert stops == job.preemptions + job.failures
+        assert migrations[job.job_id] == job.migrations
         if job.state is JobState.FINISHED:
-            assert running_since is not None and job.end_time >= running_since
-            ran += job.end_time - running_since
+            assert entries[-1].new is S.FINISHED and entries[-1].at == job.end_time
             tol = _time_tol(job.end_time, spec.duration)
             assert ran == pytest.approx(spec.duration, abs=tol), f"{job} ran {ran}s, duration {spec.duration}"
             assert job.first_start <= job.end_time
@@ -151,7 +163,7 @@ def test_time_is_monotone_and_runs_last_their_duration(sc: Scenario) -> None:
     # The run ends when the last job finishes or, for a job stranded by a
     # permanent failure, when it last stopped (its GPU time counts until then).
     ends = [j.end_time for j in result.jobs if j.end_time is not None]
-    ends += [by_job[j.job_id][-1][0] for j in result.jobs if j.end_time is None and j.first_start is not None]
+    ends += [by_job[j.job_id][-1].at for j in result.jobs if j.end_time is None and j.first_start is not None]
     assert result.end_time == (max(ends) if ends else result.start_time)
 
 

@@ -9,7 +9,7 @@ from hypothesis import example, given
 from loom.hardware.clos import DEFAULT_TIERS, clos
 from loom.hardware.topology import NodeDef, Topology
 from loom.report.metrics import summary
-from loom.sim.events import NodeFailure
+from loom.workload.faults import NodeFailure
 from loom.workload.job import JobSpec
 from simharness import (
     INF, PROPERTY_SETTINGS, EasyShadowAudit, Scenario, alloc_decisions, check_finish_or_rejected, scenarios, simulate,

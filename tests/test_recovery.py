@@ -14,8 +14,8 @@ from loom.errors import LoomInputError
 from loom.hardware.state import Allocation, ClusterState
 from loom.placement.replacement import replacements
 from loom.sim.engine import Simulation
-from loom.sim.events import NodeFailure
-from loom.sim.recovery import RecoveryConfig
+from loom.workload.faults import NodeFailure
+from loom.core.recovery import RecoveryConfig
 
 # small_clos: minipod 0 = nodes 0-3 (leaves {0,1}, {2,3}), minipod 1 = nodes 4-7, 8 GPUs each
 

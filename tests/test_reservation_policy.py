@@ -140,7 +140,7 @@ def test_reservation_moves_off_nodes_whose_jobs_now_run_past_the_arrival(cluster
     specs += [JobSpec(f"long{i}", 120.0, 8, 10 * 3600.0) for i in range(2)]
     policy = ReservationPolicy(mode="predict")
     result = Simulation(cluster, specs, policy, PLACERS.get("best-fit")(), round_interval=600.0,
-                        runtime_estimate=lambda job: job.remaining / 10).run()
+                        runtime_estimate=lambda job: ((job.spec.duration or 0.0) - job.progress) / 10).run()
     releases = [d for _, d in result.decisions if type(d).__name__ == "Release" and "re-plan" in d.reason]
     assert releases, "the reservation should have been re-planned"
     assert policy.stats.violations == 0

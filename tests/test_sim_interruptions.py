@@ -17,8 +17,8 @@ from loom.hardware.state import Allocation
 from loom.perf.interruptions import InterruptionCosts, InterruptionModel
 from loom.report.metrics import summary
 from loom.sim.engine import Simulation
-from loom.sim.events import NodeFailure
-from loom.sim.recovery import RecoveryConfig
+from loom.workload.faults import NodeFailure
+from loom.core.recovery import RecoveryConfig
 from loom.workload.job_failures import FailurePlan
 
 

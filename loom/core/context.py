@@ -20,9 +20,10 @@ class Reservation:
     for_job: str
 
 
-def oracle_runtime(job: Job) -> float:
-    """Remaining work at the requested size: the trace's own duration (an oracle)."""
-    return job.remaining
+def spec_runtime(job: Job) -> float:
+    """Remaining run time at the requested size from the spec's duration and the progress the
+    backend last reported (the simulator plugs in its exact ledger instead: an oracle)."""
+    return max(0.0, (job.spec.duration or 0.0) - job.progress)
 
 
 @dataclass(slots=True)
@@ -31,6 +32,9 @@ class SchedulingContext:
     read it (their changes go through a `RoundPlan` and come back as decisions).
 
     `pending` is in queue order (arrival, preempted jobs rejoin at the back);
+    `running` holds RUNNING jobs; `starting` those whose launch is under way
+    and `stopping` those asked to stop (neither may be moved; a starting job's
+    GPUs are taken, a stopping job's are already given back);
     `releases` lists running jobs by expected end (for shadow times);
     `runtime_estimate(job)` is the scheduler's belief of a job's remaining run
     time at its requested size: the oracle in simulation by default, a
@@ -44,12 +48,14 @@ class SchedulingContext:
     running: dict[str, Job]
     announced: dict[str, Job]
     reservations: dict[int, Reservation]
-    runtime_estimate: Callable[[Job], float] = oracle_runtime
+    runtime_estimate: Callable[[Job], float] = spec_runtime
     releases: ReleaseIndex = field(default_factory=ReleaseIndex)
     now: float = 0.0
     next_reservation_id: int = 0
     spare_reservation: int | None = None  # hot spares: only preemptible jobs may use them
     held: dict[str, Allocation] = field(default_factory=dict)  # recovering jobs' surviving GPUs (idle)
+    starting: dict[str, Job] = field(default_factory=dict)
+    stopping: dict[str, Job] = field(default_factory=dict)
 
     def expected_end(self, job: Job) -> float:
         """When a running job is expected to end, by the runtime estimate."""
@@ -58,6 +64,10 @@ class SchedulingContext:
         done = job.rate * (self.now - job.since)
         left = max(0.0, self.runtime_estimate(job) - done)
         return self.now + left / job.rate
+
+    def remaining_work(self, job: Job) -> float:
+        """Work a job has left now by the runtime estimate and its reported rate."""
+        return max(0.0, self.runtime_estimate(job) - job.rate * (self.now - job.since))
 
     def reservation_for(self, job_id: str) -> int | None:
         """The reservation whose nodes `job_id` may use besides unreserved ones (hot spares

@@ -1,7 +1,9 @@
 """Decisions are data: what a policy wants done, each with a readable reason.
 
-A backend (simulated or live) applies them in order and logs them, so a run
-can be explained and replayed decision by decision.
+The core checks each against the job lifecycle, records it in the run record
+and hands the ones that act on jobs (`JOB_DECISIONS`) to the backend, which
+answers asynchronously; reservations and timers are the core's own. A run
+can so be explained and replayed decision by decision.
 """
 
 from __future__ import annotations
@@ -86,4 +88,13 @@ class Timer:
     reason: str
 
 
-Decision = Start | Preempt | Resume | Migrate | Resize | Reserve | Release | Timer
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Stop a job for good (its owner withdrew it). Issued by the core, not by policies."""
+
+    job_id: str
+    reason: str
+
+
+Decision = Start | Preempt | Resume | Migrate | Resize | Reserve | Release | Timer | Cancel
+JOB_DECISIONS = (Start, Resume, Preempt, Migrate, Resize, Cancel)  # carried out by a backend

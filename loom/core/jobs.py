@@ -1,68 +1,75 @@
-"""Runtime record of a job, shared by the simulator and the live service.
+"""The core's record of a job: what policies see, in either world.
 
-Policies read these; only a backend writes them. Work is measured in
-"reference seconds": a job with rate 1 finishes its work in `spec.duration`.
+Only the core writes it, from decisions and from what a backend reports;
+policies read it. It holds what can be observed of a real job — spec,
+lifecycle state, allocation, plan, start and end times, the throughput and
+progress the backend last reported — never a backend's internals (the
+simulator keeps its exact work ledger to itself). Work is measured in
+"reference seconds": a job at rate 1 does `spec.duration` of work in
+`spec.duration` seconds.
 """
 
 from __future__ import annotations
 
-from enum import IntEnum
-
+from loom.core.lifecycle import JobState
 from loom.core.plan import ParallelPlan
 from loom.hardware.state import Allocation
 from loom.workload.job import JobSpec
 
-
-class JobState(IntEnum):
-    ANNOUNCED = 0  # known ahead of submission, not yet queued
-    PENDING = 1
-    RUNNING = 2
-    FINISHED = 3
-    REJECTED = 4  # can never run here (e.g. larger than the cluster)
-    FAILED = 5  # ended by a job-level error (script, framework): terminal
-    RECOVERING = 6  # hit by a failure, out of the queue while recovery runs (ctx.held: its survivors)
+__all__ = ["Job", "JobState"]
 
 
 class Job:
     __slots__ = (
-        "spec", "job_id", "gpus", "key", "state", "allocation", "plan", "remaining", "rate", "since",
-        "first_start", "last_start", "end_time", "preemptions", "migrations", "resizes", "failures",
-        "gpu_seconds", "finish_version", "reason",
+        "allocation",
+        "end_time",
+        "failures",
+        "first_start",
+        "gpu_seconds",
+        "gpus",
+        "held_since",
+        "job_id",
+        "key",
+        "last_start",
+        "migrations",
+        "plan",
+        "preemptions",
+        "progress",
+        "rate",
+        "reason",
+        "resizes",
+        "setup_s",
+        "since",
+        "spec",
+        "state",
     )
 
     def __init__(self, spec: JobSpec, key: int) -> None:
         self.spec = spec
         self.job_id = spec.job_id  # copied out of the spec: read in every hot loop
         self.gpus = spec.gpus
-        self.key = key  # dense index, stable for the run
+        self.key = key  # submission order number, dense and stable for the run (ties in queue orders)
         self.state = JobState.PENDING
         self.allocation: Allocation | None = None
         self.plan: ParallelPlan | None = None
-        self.remaining = float(spec.duration or 0.0)
-        self.rate = 0.0
-        self.since = spec.submit_time  # time `remaining` was last brought up to date
-        self.first_start: float | None = None
-        self.last_start: float | None = None
+        self.rate = 0.0  # observed throughput (reference s of work per s); 0 while not running
+        self.since = spec.submit_time  # when `rate` and `progress` were last reported
+        self.progress = 0.0  # work done by `since`, as last reported (reference seconds)
+        self.first_start: float | None = None  # GPUs first committed to a launch that succeeded
+        self.last_start: float | None = None  # GPUs last committed (start, resume, migrate, resize)
         self.end_time: float | None = None
         self.preemptions = 0
         self.migrations = 0
         self.resizes = 0
-        self.failures = 0  # times evicted by a node failure
-        self.gpu_seconds = 0.0
-        self.finish_version = 0
+        self.failures = 0  # infrastructure failures and hangs it went through
+        self.gpu_seconds = 0.0  # GPU time held (kept up to date at every allocation change)
+        self.held_since = 0.0  # when the current allocation's GPU time was last counted
+        self.setup_s = 0.0  # time spent STARTING (launches: image pull, model and data load)
         self.reason = ""
 
-    def remaining_at(self, now: float) -> float:
-        """Work left at `now` given the current rate (no side effects)."""
-        if self.state is not JobState.RUNNING:
-            return self.remaining
-        return max(0.0, self.remaining - self.rate * (now - self.since))
-
-    def expected_end(self, now: float) -> float:
-        """When the job would finish at its current rate (inf if stalled)."""
-        if self.state is not JobState.RUNNING or self.rate <= 0:
-            return float("inf")
-        return now + self.remaining_at(now) / self.rate
+    @property
+    def running(self) -> bool:
+        return self.state is JobState.RUNNING
 
     def __repr__(self) -> str:
         return f"Job({self.spec.job_id!r}, {self.state.name}, gpus={self.spec.gpus})"

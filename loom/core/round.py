@@ -12,7 +12,7 @@ from loom.hardware.state import Allocation, ClusterState
 
 
 class RoundPlan:
-    __slots__ = ("ctx", "decisions", "_state", "placer", "started")
+    __slots__ = ("_state", "ctx", "decisions", "placer", "started")
 
     def __init__(self, ctx: SchedulingContext, placer: Placer | None = None) -> None:
         self.ctx = ctx

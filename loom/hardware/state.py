@@ -17,7 +17,10 @@ from loom.hardware.topology import Topology
 NO_RESERVATION = -1
 
 
-@dataclass(frozen=True, slots=True)
+_set = object.__setattr__
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class Allocation:
     """GPUs of a job: parallel tuples of node indices and GPU counts."""
 
@@ -25,8 +28,11 @@ class Allocation:
     gpus: tuple[int, ...]
     total: int = field(init=False, compare=False, repr=False)  # sum(gpus): policies ask for it millions of times
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "total", sum(self.gpus))
+    def __init__(self, nodes: tuple[int, ...], gpus: tuple[int, ...]) -> None:
+        # by hand rather than generated + __post_init__: every start and move builds one
+        _set(self, "nodes", nodes)
+        _set(self, "gpus", gpus)
+        _set(self, "total", gpus[0] if len(gpus) == 1 else sum(gpus))
 
     @classmethod
     def single(cls, node: int, gpus: int) -> Allocation:

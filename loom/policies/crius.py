@@ -183,7 +183,7 @@ class _Round:
         return self.plan.placer.place(job.spec, gpus, state, state.usable_mask(None, gpu_type))
 
     def remaining_s(self, job: Job) -> float:
-        return job.expected_end(self.now) - self.now
+        return self.plan.ctx.expected_end(job) - self.now
 
     def describe(self, opt: Option) -> str:
         return (f"{opt.gpus}×{opt.gpu_type}, {opt.stages} stage{'s' if opt.stages > 1 else ''} "

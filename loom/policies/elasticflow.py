@@ -195,14 +195,14 @@ class ElasticFlow:
         if rate <= 0:
             return math.inf
         pause = 0.0 if job.allocation is not None and job.allocation.total == gpus else self.pause_s
-        return pause + job.remaining_at(ctx.now) / rate
+        return pause + ctx.remaining_work(job) / rate
 
     def _min_share(self, ctx: SchedulingContext, job: Job, ladder: Ladder) -> int | None:
         """The smallest size of the ladder whose `_time_at` meets the deadline (less the margin)."""
         deadline = job.spec.deadline
         assert deadline is not None
         budget = (deadline - ctx.now) * (1.0 - self.margin)
-        remaining = job.remaining_at(ctx.now)
+        remaining = ctx.remaining_work(job)
         running = None if job.allocation is None else job.allocation.total
         for g, rate in zip(ladder.sizes, ladder.norms):  # `_time_at`, inlined
             if (math.inf if rate <= 0 else (0.0 if g == running else self.pause_s) + remaining / rate) <= budget:

@@ -264,10 +264,8 @@ def runtime_estimator(predictor: JctPredictor, quantile: float = 0.9, floor: flo
         if total is None:
             pred = predictor.predict([job.spec], history=history)
             total = cache[jid] = float(pred.quantiles[float(quantile)][0])
-        # work already done (observable progress): the spec's work minus what remains
-        work = job.spec.duration
-        remaining = getattr(job, "remaining", None)
-        done = max(0.0, work - remaining) if (work is not None and remaining is not None) else 0.0
+        # work already done, as the backend last reported it (observable progress)
+        done = max(0.0, getattr(job, "progress", 0.0) or 0.0) if job.spec.duration is not None else 0.0
         return max(total - done, floor)
 
     return estimate

@@ -1,145 +1,271 @@
-"""The simulated backend: applies decisions to the cluster state and jobs,
-keeping each job's progress exact between events (piecewise-constant rates)."""
+"""The simulated backend: one implementation of the core's backend protocol.
+
+It is the simulated world. It carries out the core's job decisions on its own
+exact work ledger (per job: work left, speed, the time it was last brought up
+to date, the allocation it runs on; piecewise-constant rates), prices them
+with the interruption model, models launches (latency per job class, launch
+failures) and the world's failures (nodes going down and coming back,
+job-level errors and hangs), and reports everything to the core as typed
+events (`loom.core.events`). The core never reads the ledger; the one window
+onto it is `remaining`, the oracle runtime estimate a simulation may hand to
+its policies.
+"""
 
 from __future__ import annotations
 
-from loom.core.context import Reservation, SchedulingContext
+from collections.abc import Sequence
+from heapq import heappush
+
+from loom.core.backend import EventSink, Inventory
 from loom.core.decisions import (
+    Cancel,
     Decision,
     Migrate,
     Preempt,
-    Release,
-    Reserve,
     Resize,
     Resume,
     Start,
-    Timer,
 )
-from loom.core.jobs import Job, JobState
+from loom.core.events import (
+    DecisionAccepted,
+    DecisionFailed,
+    JobFailed,
+    JobFinished,
+    JobProgress,
+    JobRestarted,
+    JobStarted,
+    JobStopped,
+    NodeDown,
+    NodeUp,
+    TimerFired,
+)
+from loom.core.jobs import Job
 from loom.core.protocols import SpeedModel
-from loom.hardware.state import Allocation, ClusterState
-from loom.sim.events import EventKind, EventQueue
+from loom.core.scheduler import DecisionError
+from loom.hardware.state import Allocation
+from loom.hardware.topology import Topology
+from loom.sim.events import (
+    EventKind,
+    EventQueue,
+    FailureDue,
+    FinishDue,
+    LaunchDue,
+    NodeRepaired,
+)
+from loom.sim.health import NodeHealth
 from loom.sim.interruptions import Interruptions
+from loom.sim.launch import LaunchModel
 from loom.workload.job_failures import FailurePlan
 
+FINISH = int(EventKind.FINISH)
+__all__ = ["DecisionError", "SimBackend"]
 
-class DecisionError(RuntimeError):
-    """A policy returned a decision that cannot be applied: a bug in the policy."""
+
+def _ignore_event(_: object) -> None:
+    return None
 
 
 class SimBackend:
-    def __init__(self, ctx: SchedulingContext, jobs: dict[str, Job], speed: SpeedModel, events: EventQueue,
-                 log: list[tuple[float, Decision]] | None, interruptions: Interruptions | None = None) -> None:
-        self.ctx = ctx
-        self.interruptions = interruptions  # None: pauses are the policies' own (`pause_s`)
-        self.failure_plans: dict[int, list[FailurePlan]] = {}  # job key → job-level failures ahead
-        self.state: ClusterState = ctx.state
-        self.jobs = jobs
+    name = "sim"
+
+    def __init__(self, topology: Topology, speed: SpeedModel, events: EventQueue,
+                 interruptions: Interruptions | None = None, launch: LaunchModel | None = None,
+                 hang_watchdog_s: float = 600.0, infra_repair_s: float = 0.85 * 86400) -> None:
+        self.topology = topology
         self.speed = speed
         self.events = events
-        self.log = log
-        self.busy_gpu_seconds = 0.0
+        self.interruptions = interruptions  # None: pauses are the policies' own (`pause_s`)
+        self.launch = launch if launch is not None and not launch.instant else None
+        self.hang_watchdog_s = hang_watchdog_s
+        self.infra_repair_s = infra_repair_s
+        self.health = NodeHealth(topology.node_gpus.tolist())
+        self.failure_plans: dict[int, list[FailurePlan]] = {}  # job key → job-level failures ahead
+        self.track(())
+        self.running: dict[int, Job] = {}  # in the order they started (the core's `running` order)
+        self.launching: dict[int, tuple[int, str]] = {}  # job key → (ticket, start | resume) of its launch
+        self.sink: EventSink = _ignore_event
+        self._apply = {Start: self._start, Resume: self._start, Preempt: self._stop, Cancel: self._stop,
+                       Migrate: self._move, Resize: self._move}
 
-    # --------------------------------------------------------------- apply
-    def apply(self, decisions: list[Decision], now: float) -> None:
-        """Apply in order, logging each before its consequences (e.g. a reservation
-        released because its job started)."""
-        for d in decisions:
-            handler = _HANDLERS.get(type(d))
-            if handler is None:
-                raise DecisionError(f"unknown decision type {type(d).__name__}")
-            if self.log is not None:
-                self.log.append((now, d))
-            handler(self, d, now)
+    def track(self, jobs: Sequence[Job]) -> None:
+        """The jobs of the trace (the core's records, in key order): the ledger starts from their specs."""
+        self.jobs = list(jobs)  # read for specs, plans and failure counts
+        self._by_id = {j.job_id: j for j in self.jobs}
+        self.remaining_work = [float(j.spec.duration or 0.0) for j in self.jobs]
+        self.rate = [0.0] * len(self.jobs)
+        self.since = [0.0] * len(self.jobs)
+        self.version = [0] * len(self.jobs)
+        self.alloc: list[Allocation | None] = [None] * len(self.jobs)
 
-    def _job(self, job_id: str, *expected: JobState) -> Job:
-        job = self.jobs.get(job_id)
-        if job is None:
-            raise DecisionError(f"decision names unknown job '{job_id}'")
-        if job.state not in expected:
-            raise DecisionError(f"job '{job_id}' is {job.state.name}, expected {'/'.join(s.name for s in expected)}")
-        return job
+    # ------------------------------------------------------------ protocol
+    def bind(self, sink: EventSink) -> None:
+        self.sink = sink
 
-    def _start(self, d: Start | Resume, now: float) -> None:
-        job = self._job(d.job_id, JobState.PENDING)
-        self.state.allocate(d.allocation)
-        del self.ctx.pending[job.job_id]
-        self.ctx.running[job.job_id] = job
-        job.state = JobState.RUNNING
-        job.plan = d.plan
-        primitive = "start" if job.first_start is None else "resume"
-        if job.first_start is None:
-            job.first_start = now
-        self._run_on(job, d.allocation, now, primitive=primitive)
-        for rid in [r.reservation_id for r in self.ctx.reservations.values() if r.for_job == job.job_id]:
-            self.apply([Release(rid, f"job {job.job_id} started: its reservation is used up")], now)
+    def inventory(self) -> Inventory:
+        return Inventory(self.topology, 0)
 
-    def _preempt(self, d: Preempt, now: float) -> None:
-        job = self._job(d.job_id, JobState.RUNNING)
-        self._end_segment(job, now, "preempt")
-        self.stop(job, now)
-        job.preemptions += 1
-        job.state = JobState.PENDING
-        self.ctx.pending[job.job_id] = job
+    def apply(self, decision: Decision, ticket: int, at: float) -> None:
+        if self.launch is None and type(decision) is Start:  # the hot path: an instant start
+            job = self._by_id[decision.job_id]
+            key = job.key
+            self.running[key] = job
+            self._run_on(job, decision.allocation, at, primitive="start")
+            self.sink(tuple.__new__(JobStarted, (job.job_id, at, self.rate[key],  # JobStarted(...), fast
+                                                 float(job.spec.duration or 0.0) - self.remaining_work[key], ticket)))
+            return
+        self._apply[type(decision)](decision, ticket, at)  # type: ignore[operator]
 
-    def _migrate(self, d: Migrate | Resize, now: float) -> None:
-        job = self._job(d.job_id, JobState.RUNNING)
-        if isinstance(d, Migrate) and d.allocation.total != job.allocation.total:  # type: ignore[union-attr]
-            raise DecisionError(f"migrate of '{job.job_id}' changes its GPU count; use Resize")
+    def set_timer(self, at: float, token: tuple) -> None:
+        self.events.push(at, EventKind.TIMER, TimerFired(at, token))
+
+    def remaining(self, job: Job) -> float:
+        """The oracle: work left at the last settle (reference seconds), as the trace knows it."""
+        return self.remaining_work[job.key]
+
+    # ------------------------------------------------------------ decisions
+    def _start(self, d: Start | Resume, ticket: int, now: float) -> None:
+        job = self._by_id[d.job_id]
+        primitive = "start" if isinstance(d, Start) else "resume"
+        if self.launch is not None:
+            key = job.key
+            self.sink(DecisionAccepted(ticket, now))
+            self.version[key] += 1
+            self.launching[key] = (ticket, primitive)
+            self.alloc[key] = d.allocation
+            self.events.push(now + self.launch.latency(job.spec), EventKind.LAUNCH,
+                             LaunchDue(key, self.version[key], ticket))
+            return
+        self._launched(job, d.allocation, ticket, now, primitive)
+
+    def launch_due(self, due: LaunchDue, now: float) -> bool:
+        """A launch completes (or fails); False if it was called off meanwhile."""
+        launch = self.launching.get(due.key)
+        if self.version[due.key] != due.version or launch is None or launch[0] != due.ticket:
+            return False
+        del self.launching[due.key]
+        job = self.jobs[due.key]
+        if self.launch is not None and self.launch.fails():
+            self.sink(DecisionFailed(due.ticket, now, f"launch of {job.job_id} failed (modelled launch failure)"))
+            return True
+        self._launched(job, self.alloc[due.key], due.ticket, now, launch[1])  # type: ignore[arg-type]
+        return True
+
+    def _launched(self, job: Job, alloc: Allocation, ticket: int, now: float, primitive: str) -> None:
+        self.running[job.key] = job
+        self._run_on(job, alloc, now, primitive=primitive)
+        self.sink(JobStarted(job.job_id, now, self.rate[job.key], self._progress(job), ticket))
+
+    def _stop(self, d: Preempt | Cancel, ticket: int, now: float) -> None:
+        job = self._by_id[d.job_id]
+        key = job.key
+        if key in self.launching:  # stopped before it came up: the launch is called off
+            launch = self.launching.pop(key)[0]
+            self.version[key] += 1
+            self.sink(DecisionFailed(launch, now, f"launch of {job.job_id} called off: {type(d).__name__.lower()}"))
+        else:
+            self._end_segment(job, now, "preempt" if isinstance(d, Preempt) else "terminate")
+            self._take_off(job, now)
+        self.sink(JobStopped(job.job_id, now, self._progress(job), ticket))
+
+    def _move(self, d: Migrate | Resize, ticket: int, now: float) -> None:
+        job = self._by_id[d.job_id]
         self._settle(job, now)
         self._end_segment(job, now, "move")
-        before = job.allocation
-        self.state.release(before)  # type: ignore[arg-type]
-        self.state.allocate(d.allocation)
-        if isinstance(d, Resize):
-            job.resizes += 1
-            job.plan = d.plan or job.plan
-        else:
-            job.migrations += 1
-        if d.pause_s < 0:
-            raise DecisionError(f"negative pause for '{job.job_id}'")
+        before = self.alloc[job.key]
         self._run_on(job, d.allocation, now, d.pause_s, "resize" if isinstance(d, Resize) else "migrate", before)
+        self.sink(JobProgress(job.job_id, now, self.rate[job.key], self._progress(job), ticket))
 
-    def _reserve(self, d: Reserve, now: float) -> None:
-        if d.reservation_id in self.ctx.reservations:
-            raise DecisionError(f"reservation {d.reservation_id} already exists")
-        self.state.reserve(d.nodes, d.reservation_id)
-        self.ctx.reservations[d.reservation_id] = Reservation(
-            d.reservation_id, d.nodes, d.until, d.for_job)
-        self.ctx.next_reservation_id = max(self.ctx.next_reservation_id, d.reservation_id + 1)
-        self.events.push(d.until, EventKind.TIMER, ("expire", d.reservation_id))
+    # ------------------------------------------------------------ the world
+    def finish_due(self, due: FinishDue, now: float) -> bool:
+        """The job's work is done, unless its segment changed since (False: a stale finish)."""
+        key = due.key
+        if self.version[key] != due.version or key not in self.running:
+            return False
+        job = self.jobs[key]
+        self._end_segment(job, now, "finish")
+        self._settle(job, now)
+        self.remaining_work[key] = 0.0
+        del self.running[key]
+        self.rate[key] = 0.0
+        self.sink(tuple.__new__(JobFinished, (job.job_id, now, float(job.spec.duration or 0.0))))  # fast JobFinished
+        return True
 
-    def _release(self, d: Release, now: float) -> None:
-        if self.ctx.reservations.pop(d.reservation_id, None) is None:
-            raise DecisionError(f"no reservation {d.reservation_id} to release")
-        self.state.unreserve(d.reservation_id)
+    def failure_due(self, due: FailureDue, now: float) -> bool:
+        """Fire a job's next failure plan: script/framework errors end it, a hang restarts it in
+        place after the watchdog notices, an infrastructure fault takes one of its nodes down."""
+        key = due.key
+        if self.version[key] != due.version or key not in self.running:
+            return False  # stale: the job moved or stopped since the failure was planned
+        job = self.jobs[key]
+        plan = self.failure_plans[key].pop(0)
+        alloc = self.alloc[key]
+        assert alloc is not None
+        if plan.kind == "hang":
+            self._end_segment(job, now, "failure")
+            self._settle(job, now)
+            watchdog = self.hang_watchdog_s
+            self._run_on(job, alloc, now, watchdog, "resume", hold_s=watchdog)
+            self.sink(JobRestarted(job.job_id, now, f"hang caught by the {watchdog:.0f}s watchdog",
+                                   self.rate[key], self._progress(job)))
+        elif plan.kind == "infrastructure":
+            self.node_fails(alloc.nodes[(job.key + job.failures) % len(alloc.nodes)], self.infra_repair_s, now)
+        else:
+            self._end_segment(job, now, "terminate")
+            self._take_off(job, now)
+            self.sink(JobFailed(job.job_id, now, f"{plan.kind} error after {plan.at_progress_s:.0f}s of progress",
+                                fatal=True, progress=self._progress(job)))
+        return True
 
-    def _timer(self, d: Timer, now: float) -> None:
-        if d.at < now:
-            raise DecisionError(f"timer in the past ({d.at} < {now})")
-        self.events.push(d.at, EventKind.TIMER, ("wake", None))
+    def node_fails(self, node: int, repair_after: float, now: float) -> None:
+        """A node goes down: its jobs die (losing the work since their last durable checkpoint),
+        launches on it fail; the core hears of each, then of the node."""
+        if not self.health.is_down(node):
+            name = self.topology.node_names[node]
+            for job in [j for j in self.running.values() if node in self.alloc[j.key].nodes]:  # type: ignore[union-attr]
+                self._end_segment(job, now, "failure")
+                self._take_off(job, now)
+                self.sink(JobFailed(job.job_id, now, f"node {name} failed", nodes=(node,),
+                                    progress=self._progress(job)))
+            for key, (ticket, _) in [(k, t) for k, t in self.launching.items()
+                                     if node in self.alloc[k].nodes]:  # type: ignore[union-attr]
+                del self.launching[key]
+                self.version[key] += 1
+                self.sink(DecisionFailed(ticket, now, f"node {name} failed during the launch"))
+            self.sink(NodeDown(node, now))
+        repair_at = self.health.fail(node, now, repair_after)
+        if repair_at is not None:
+            self.events.push(repair_at, EventKind.NODE_REPAIR, NodeRepaired(node))
 
-    # ------------------------------------------------------------ progress
+    def node_repaired(self, node: int, now: float) -> None:
+        if self.health.repair(node, now):
+            self.sink(NodeUp(node, now))
+
+    # ------------------------------------------------------------ the ledger
+    def _progress(self, job: Job) -> float:
+        return float(job.spec.duration or 0.0) - self.remaining_work[job.key]
+
     def _run_on(self, job: Job, alloc: Allocation, now: float, pause_s: float = 0.0, primitive: str | None = None,
                 before: Allocation | None = None, hold_s: float = 0.0) -> None:
         """Run `job` on `alloc` from `now`. With an interruption model the `primitive` that put it
         there (start, resume, migrate, resize) is priced by it and `pause_s` is ignored."""
-        rate = self.speed.rate(job, alloc, self.ctx.topology)
+        key = job.key
+        rate = self.speed.rate(job, alloc, self.topology)
         if not rate > 0:
             raise DecisionError(f"speed model gave rate {rate} for job '{job.job_id}'")
         if self.interruptions is not None and primitive is not None:
-            pause_s, divisor = self.interruptions.on_run(job, alloc, now, primitive, rate, before, hold_s)
+            pause_s, divisor = self.interruptions.on_run(job, alloc, now, primitive, rate, before, hold_s,
+                                                         self.remaining_work[key])
             rate /= divisor  # time-slicing overhead
-        if job.key in self.failure_plans:
+        if key in self.failure_plans:
             self._plan_failure(job, now, rate, pause_s)
-        job.remaining += rate * pause_s  # a pause costs as much work as it lasts, on the GPUs held
-        job.allocation = alloc
-        job.rate = rate
-        job.since = now
-        job.last_start = now
-        job.finish_version += 1
-        self.events.push(now + job.remaining / rate, EventKind.FINISH, (job.key, job.finish_version))
-        self.ctx.releases.add(job.key, self.ctx.expected_end(job), alloc.total)
+        remaining = self.remaining_work[key] = self.remaining_work[key] + rate * pause_s  # a pause costs work
+        self.alloc[key] = alloc
+        self.rate[key] = rate
+        self.since[key] = now
+        version = self.version[key] = self.version[key] + 1
+        events = self.events  # EventQueue.push inlined: once per run segment of every job
+        events._seq += 1
+        heappush(events.heap, (now + remaining / rate, FINISH, events._seq, tuple.__new__(FinishDue, (key, version))))
 
     def _plan_failure(self, job: Job, now: float, rate: float, extra_s: float) -> None:
         """Schedule the job's next job-level failure: when its progress reaches the plan's
@@ -147,7 +273,7 @@ class SimBackend:
         plans = self.failure_plans[job.key]
         if not plans:
             return
-        done = (job.spec.duration or 0.0) - job.remaining  # `remaining` holds no charges yet
+        done = (job.spec.duration or 0.0) - self.remaining_work[job.key]  # no charges yet
         wall = max(0.0, plans[0].at_progress_s - done) / rate
         at = now + extra_s + wall
         if self.interruptions is not None:
@@ -155,40 +281,20 @@ class SimBackend:
             if seg is not None:  # stalls are spread over the segment, the pause comes first
                 passed = min(seg.checkpoints, int(wall // self.interruptions.interval))
                 at = seg.progress_from + wall + passed * seg.stall_s
-        self.events.push(at, EventKind.JOB_FAILURE, (job.key, job.finish_version + 1))
-
-    def terminate(self, job: Job, now: float, reason: str) -> None:
-        """A job-level error ends the job for good (its GPU time so far is wasted; nothing is redone)."""
-        self._end_segment(job, now, "terminate")
-        self.stop(job, now)
-        job.state = JobState.FAILED
-        job.end_time = now
-        job.reason = reason
-
-    def hang(self, job: Job, now: float, watchdog_s: float) -> None:
-        """The job stopped progressing at `now`; the watchdog notices `watchdog_s` later and it
-        restarts in place from its last checkpoint (the GPUs stay held meanwhile)."""
-        self._end_segment(job, now, "failure")
-        self._settle(job, now)
-        self._run_on(job, job.allocation, now, watchdog_s, "resume", hold_s=watchdog_s)  # type: ignore[arg-type]
+        self.events.push(at, EventKind.JOB_FAILURE, FailureDue(job.key, self.version[job.key] + 1))
 
     def _settle(self, job: Job, now: float) -> None:
-        """Bring `remaining` and GPU-seconds up to `now` before the rate or allocation changes."""
-        elapsed = now - job.since
-        job.remaining = max(0.0, job.remaining - job.rate * elapsed)
-        gpu_s = elapsed * job.allocation.total  # type: ignore[union-attr]
-        job.gpu_seconds += gpu_s
-        self.busy_gpu_seconds += gpu_s
-        job.since = now
+        """Bring the work left up to `now` before the rate or allocation changes."""
+        key = job.key
+        self.remaining_work[key] = max(0.0, self.remaining_work[key] - self.rate[key] * (now - self.since[key]))
+        self.since[key] = now
 
-    def stop(self, job: Job, now: float) -> None:
-        """Take a running job off its GPUs (preemption, failure), keeping its progress."""
+    def _take_off(self, job: Job, now: float) -> None:
+        """Off its GPUs (preemption, failure, error), keeping its progress."""
         self._settle(job, now)
-        self.state.release(job.allocation)  # type: ignore[arg-type]
-        del self.ctx.running[job.job_id]
-        self.ctx.releases.remove(job.key)
-        job.rate = 0.0
-        job.finish_version += 1
+        del self.running[job.key]
+        self.rate[job.key] = 0.0
+        self.version[job.key] += 1
 
     def _end_segment(self, job: Job, now: float, cause: str) -> None:
         """Settle the job's checkpoint timeline: refund pause and stalls not reached, add back
@@ -196,33 +302,6 @@ class SimBackend:
         if self.interruptions is None:
             return
         self._settle(job, now)
-        unspent = self.interruptions.end_segment(job, now, cause)
-        job.remaining = max(0.0, job.remaining - job.rate * unspent)
-
-    def fail(self, job: Job, now: float) -> None:
-        """A failure took the job down: it loses the work since its last durable checkpoint."""
-        self._end_segment(job, now, "failure")
-        self.stop(job, now)
-
-    def finish(self, job: Job, now: float) -> None:
-        self._end_segment(job, now, "finish")
-        self._settle(job, now)
-        job.remaining = 0.0
-        self.state.release(job.allocation)  # type: ignore[arg-type]
-        del self.ctx.running[job.job_id]
-        self.ctx.releases.remove(job.key)
-        job.state = JobState.FINISHED
-        job.end_time = now
-        job.rate = 0.0
-
-
-_HANDLERS = {
-    Start: SimBackend._start,
-    Resume: SimBackend._start,
-    Preempt: SimBackend._preempt,
-    Migrate: SimBackend._migrate,
-    Resize: SimBackend._migrate,
-    Reserve: SimBackend._reserve,
-    Release: SimBackend._release,
-    Timer: SimBackend._timer,
-}
+        key = job.key
+        unspent = self.interruptions.end_segment(job, now, cause, self.alloc[key])
+        self.remaining_work[key] = max(0.0, self.remaining_work[key] - self.rate[key] * unspent)

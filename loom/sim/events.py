@@ -1,12 +1,31 @@
-"""Event kinds and the heap. At equal times lower kinds go first: finishes and
-repairs free capacity before arrivals ask for it."""
+"""The simulated world's future: a heap of typed events.
+
+At equal times lower kinds go first: finishes and repairs free capacity
+before arrivals ask for it. Payloads are typed: what the simulated world will
+do (a job's finish or failure falls due, a launch completes, a node fails or
+is repaired) and the core's wake-ups (`loom.core.events.TimerFired`).
+"""
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import Any, NamedTuple
+
+from loom.workload.faults import NodeFailure
+
+__all__ = [
+    "Announce",
+    "EventKind",
+    "EventQueue",
+    "FailureDue",
+    "FinishDue",
+    "LaunchDue",
+    "NodeFails",
+    "NodeFailure",
+    "NodeRepaired",
+    "RoundDue",
+]
 
 
 class EventKind(IntEnum):
@@ -18,15 +37,46 @@ class EventKind(IntEnum):
     TIMER = 5
     ROUND = 6
     JOB_FAILURE = 7  # a job-level failure plan fires (after a finish at the same instant)
+    LAUNCH = 8  # a launch (container start, model load) completes or fails
 
 
-@dataclass(frozen=True, slots=True)
-class NodeFailure:
-    """A node goes down at `at` for `repair_after` seconds (inf = never back)."""
+class FinishDue(NamedTuple):
+    """Job `key` finishes, unless its run segment changed since (`version`)."""
 
-    node: str
-    at: float
-    repair_after: float = float("inf")
+    key: int
+    version: int
+
+
+class FailureDue(NamedTuple):
+    """Job `key`'s next planned failure fires, unless its run segment changed since."""
+
+    key: int
+    version: int
+
+
+class LaunchDue(NamedTuple):
+    """Job `key`'s launch for decision `ticket` completes (or fails), unless it was cancelled."""
+
+    key: int
+    version: int
+    ticket: int
+
+
+class NodeFails(NamedTuple):
+    node: int
+    repair_after: float
+
+
+class NodeRepaired(NamedTuple):
+    node: int
+
+
+class Announce(NamedTuple):
+    key: int
+
+
+class RoundDue(NamedTuple):
+    reason: str  # "periodic" | "follow-up"
 
 
 class EventQueue:

@@ -70,12 +70,13 @@ class Interruptions:
 
     # -- when a job gets GPUs ------------------------------------------------------
     def on_run(self, job: Job, allocation: Allocation, now: float, primitive: str, rate: float,
-               before: Allocation | None = None, hold_s: float = 0.0) -> tuple[float, float]:
+               before: Allocation | None, hold_s: float, remaining: float) -> tuple[float, float]:
         """(extra wall seconds of no progress — pause plus checkpoint stalls ahead —, rate
         divisor) for `job` starting to run on `allocation` at speed-model `rate`.
 
         `primitive`: start | resume (after a preemption or a failure) | migrate | resize;
-        `hold_s`: idle time on the GPUs before the primitive starts (a hang's watchdog wait)."""
+        `hold_s`: idle time on the GPUs before the primitive starts (a hang's watchdog wait);
+        `remaining`: the job's work left (reference seconds)."""
         after = self.shape(job, allocation)
         if primitive == "start":
             phases = Phases()
@@ -88,7 +89,7 @@ class Interruptions:
             if owed is not None:
                 phases = owed + phases
         divisor = self._time_slice(job, allocation)
-        progress_s = job.remaining * divisor / rate  # wall seconds of progress left
+        progress_s = remaining * divisor / rate  # wall seconds of progress left
         checkpoints = max(0, math.ceil(progress_s / self.interval) - 1)
         stall = self.model.checkpoint_stall_s(after)
         pause = hold_s + phases.total_s
@@ -103,7 +104,7 @@ class Interruptions:
         return 1.0 + self.model.costs.time_slice_overhead
 
     # -- when a job's segment ends ----------------------------------------------------
-    def end_segment(self, job: Job, now: float, cause: str) -> float:
+    def end_segment(self, job: Job, now: float, cause: str, allocation: Allocation | None) -> float:
         """Close the segment at `now` (`cause`: finish | move | preempt | failure | terminate);
         returns the wall seconds of charged-but-not-spent time (pause and stalls not reached)
         minus, for a failure, the progress lost. The caller turns it into work at the job's
@@ -125,7 +126,7 @@ class Interruptions:
                                           and cycles < seg.checkpoints else 0.0)
         self.totals.checkpoint_gpu_s += stalled * seg.gpus
         if cause == "preempt":
-            self.owed[job.key] = self.model.save(self.shape(job, job.allocation))  # type: ignore[arg-type]
+            self.owed[job.key] = self.model.save(self.shape(job, allocation))  # type: ignore[arg-type]
         refund = unspent_pause + seg.checkpoints * seg.stall_s - stalled
         if cause != "failure":
             return refund

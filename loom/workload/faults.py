@@ -52,7 +52,6 @@ import numpy as np
 
 from loom.errors import LoomInputError
 from loom.hardware.topology import Topology
-from loom.sim.events import NodeFailure
 
 DAY = 86400.0
 INF = float("inf")
@@ -60,6 +59,15 @@ TRACE_SERVERS = 400  # servers sampled by the InfiniteHBD trace (231 of them had
 INFINITEHBD = "infinitehbd"
 INFINITEHBD_PATH = ("failures_infinitehbd", "fault_trace.json")
 _EVENT_TYPES = ("fault_start", "fault_end")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFailure:
+    """A node goes down at `at` for `repair_after` seconds (inf = never back)."""
+
+    node: str
+    at: float
+    repair_after: float = float("inf")
 
 
 @dataclass(frozen=True, slots=True)

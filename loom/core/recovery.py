@@ -1,5 +1,10 @@
 """Recovery of jobs hit by node failures (Acme §6.1, Arnold Appendix B).
 
+Part of the core: driven by backend events (`JobFailed` naming the nodes it
+blames, `NodeDown`, `NodeUp`) and the core's timers, it acts through the
+core's decisions, so the simulator and the live service run it unchanged
+(the simulator prices the pipeline's steps; a live backend carries them out).
+
 Pipeline for every job running on a node that fails:
 
 1. **Detect** (`detection_s`: the job's processes die, heartbeats stop),
@@ -25,17 +30,19 @@ k spares.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from loom.core.context import SchedulingContext
 from loom.core.decisions import Preempt, Resume
 from loom.core.jobs import Job, JobState
 from loom.errors import LoomInputError
 from loom.hardware.state import NO_RESERVATION, Allocation
 from loom.placement.replacement import replacements
+
+if TYPE_CHECKING:
+    from loom.core.scheduler import Scheduler
 
 SPARES = 1 << 30  # reservation id of the hot spares
 REPLACEMENTS = ("topology", "naive", "policy")
@@ -93,12 +100,11 @@ class _Waiting:
 
 
 class Recovery:
-    def __init__(self, config: RecoveryConfig, ctx: SchedulingContext,
-                 push_timer: Callable[[float, tuple[str, int]], None]) -> None:
+    def __init__(self, config: RecoveryConfig, core: Scheduler) -> None:
         self.config = config
-        self.ctx = ctx
-        self.topology = ctx.topology
-        self.push_timer = push_timer
+        self.core = core
+        self.ctx = core.ctx
+        self.topology = core.topology
         self.waiting: dict[int, _Waiting] = {}
         self.records: list[RecoveryRecord] = []
         self.spares: set[int] = set()
@@ -133,14 +139,11 @@ class Recovery:
             state.reserve([node], SPARES)
 
     # -- failures -----------------------------------------------------------------
-    def node_failed(self, node: int, now: float, fail_job: Callable[[Job], None]) -> None:
-        """Take every job off `node`: running ones start recovering, recovering ones lose the node."""
+    def node_down(self, node: int) -> None:
+        """Recovering jobs lose their survivors on `node` (its running jobs were failed before)."""
         for wait in self.waiting.values():
             if wait.keep is not None and node in wait.keep.nodes:
                 self._drop_survivor(wait, node)
-        victims = [j for j in self.ctx.running.values() if node in j.allocation.nodes]  # type: ignore[union-attr]
-        for job in victims:
-            self._start(job, node, now, fail_job)
 
     def _drop_survivor(self, wait: _Waiting, node: int) -> None:
         keep = wait.keep
@@ -156,29 +159,37 @@ class Recovery:
             self.ctx.held[wait.job.job_id] = wait.keep
         wait.record.failed_nodes += (self.topology.node_names[node],)
 
-    def _start(self, job: Job, node: int, now: float, fail_job: Callable[[Job], None]) -> None:
+    def job_failed(self, job: Job, nodes: tuple[int, ...], now: float, cause: str) -> None:
+        """`job` (already off its GPUs) lost `nodes`: hold its survivors while the pipeline runs."""
         alloc = job.allocation
         assert alloc is not None
-        fail_job(job)  # takes it off all its GPUs and prices the lost work
-        job.failures += 1
-        job.state = JobState.RECOVERING
-        lost = {node: alloc.gpus[alloc.nodes.index(node)]}
-        rest = [(n, g) for n, g in zip(alloc.nodes, alloc.gpus) if n != node]
+        self.core._to(job, JobState.RECOVERING, f"JobFailed: {cause}", now)
+        lost = {n: g for n, g in zip(alloc.nodes, alloc.gpus) if n in nodes}
+        rest = [(n, g) for n, g in zip(alloc.nodes, alloc.gpus) if n not in lost]
         keep = None
         if rest and self.config.replacement != "policy":
             keep = Allocation(tuple(n for n, _ in rest), tuple(g for _, g in rest))
             self.ctx.state.allocate(keep)
             self.ctx.held[job.job_id] = keep
-        record = RecoveryRecord(job.job_id, now, (self.topology.node_names[node],), self._spread(alloc.nodes))
+        names = self.topology.node_names
+        record = RecoveryRecord(job.job_id, now, tuple(names[n] for n in lost), self._spread(alloc.nodes))
         self.records.append(record)
         self.waiting[job.key] = _Waiting(job, keep, lost, alloc.nodes, record)
-        self.push_timer(now + self.config.delay_s, ("recover", job.key))
+        self.core.backend.set_timer(now + self.config.delay_s, ("recover", job.key))
+
+    def forget(self, job: Job, now: float) -> None:
+        """A recovering job was cancelled: give back its survivors, stop its pipeline."""
+        wait = self.waiting.pop(job.key, None)
+        if wait is not None and wait.keep is not None:
+            self.ctx.state.release(wait.keep)
+            self.ctx.held.pop(job.job_id, None)
+            wait.record.held_gpu_s = wait.keep.total * (now - wait.record.failed_at)
 
     def _spread(self, nodes: tuple[int, ...]) -> int:
         return len(set(self.topology.switch_of[self.topology.minipod_tier, list(nodes)].tolist()))
 
     # -- restart --------------------------------------------------------------------
-    def ready(self, key: int, now: float, apply: Callable[[list], None]) -> None:
+    def ready(self, key: int, now: float) -> None:
         """The pipeline finished for job `key`: restart it on replacements or hand it back."""
         wait = self.waiting.pop(key, None)
         if wait is None:
@@ -188,17 +199,17 @@ class Recovery:
         if self.config.replacement != "policy":
             chosen = replacements(self.ctx.state, keep.nodes if keep else (), wait.lost, self.config.replacement,
                                   frozenset(self.spares), self._spare_load())
-        job.state = JobState.PENDING
         if keep is not None:
             self.ctx.state.release(keep)
             del self.ctx.held[job.job_id]
             wait.record.held_gpu_s = keep.total * (now - wait.record.failed_at)
         if chosen is None:
-            self._requeue_first(job)
+            self._requeue_first(job, now)
             return
         squatters = [j for j in list(self.ctx.running.values())
                      if set(j.allocation.nodes) & set(chosen.values())]  # type: ignore[union-attr]
-        apply([Preempt(j.job_id, f"recovery of {job.job_id}: its hot spare is needed") for j in squatters])
+        self.core.issue([Preempt(j.job_id, f"recovery of {job.job_id}: its hot spare is needed")
+                         for j in squatters], now)
         for failed, new in chosen.items():
             if new in self.spares:
                 self._take_spare(new, failed)
@@ -212,10 +223,9 @@ class Recovery:
         wait.record.replaced = tuple((names[f], names[chosen[f]]) for f in sorted(wait.lost))
         wait.record.restarted_at = now
         wait.record.minipods_after = self._spread(alloc.nodes)
-        self.ctx.pending[job.job_id] = job
         swaps = ", ".join(f"{a}→{b}" for a, b in wait.record.replaced)
-        apply([Resume(job.job_id, alloc, f"recovered after {now - wait.record.failed_at:.0f}s: "
-                                         f"{self.config.replacement} replacement {swaps}", job.plan)])
+        self.core.issue([Resume(job.job_id, alloc, f"recovered after {now - wait.record.failed_at:.0f}s: "
+                                                   f"{self.config.replacement} replacement {swaps}", job.plan)], now)
 
     def _spare_load(self) -> dict[int, int]:
         """GPUs preemptible jobs hold on spare nodes (they give them up for a recovery)."""
@@ -226,9 +236,6 @@ class Recovery:
                     load[n] = load.get(n, 0) + g
         return load
 
-    def _requeue_first(self, job: Job) -> None:
-        pending = self.ctx.pending
-        rest = dict(pending)
-        pending.clear()
-        pending[job.job_id] = job
-        pending.update(rest)
+    def _requeue_first(self, job: Job, now: float) -> None:
+        self.core._to(job, JobState.SUSPENDED, "recovery handed it back to the policy", now)
+        self.core._requeue_first(job)

@@ -1,0 +1,540 @@
+"""The core: owns the job lifecycle, the cluster state and reservations, runs
+policy rounds and hands decisions to a backend; turns what the backend
+reports into lifecycle transitions.
+
+The same object drives the simulator (`loom.sim.engine`) and the live
+service: it knows nothing of which world it is in. A world feeds it
+
+* jobs (`add`, `announce`, `submit`, `cancel`),
+* observations and answers (`observe(event)`, see `loom.core.events`),
+* scheduling rounds (`round(now)`) when something changed,
+
+and the core answers with decisions sent to `backend.apply` and timers set
+through `backend.set_timer`. Everything it did is in `record`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from time import perf_counter
+from typing import Any
+
+from loom.core.backend import Backend, InventoryChanged
+from loom.core.context import Reservation, SchedulingContext, spec_runtime
+from loom.core.decisions import (
+    Cancel,
+    Decision,
+    Migrate,
+    Preempt,
+    Release,
+    Reserve,
+    Resize,
+    Resume,
+    Start,
+    Timer,
+)
+from loom.core.events import (
+    DecisionAccepted,
+    DecisionDone,
+    DecisionFailed,
+    Event,
+    JobFailed,
+    JobFinished,
+    JobProgress,
+    JobRestarted,
+    JobStarted,
+    JobStopped,
+    NodeDown,
+    NodeDrained,
+    NodeUp,
+    TimerFired,
+)
+from loom.core.jobs import Job
+from loom.core.lifecycle import TRANSITIONS, IllegalTransition, JobState
+from loom.core.protocols import Placer, Policy
+from loom.core.record import NodeEventRecord, RunRecord
+from loom.errors import LoomInputError
+from loom.hardware.state import NO_RESERVATION, ClusterState
+from loom.workload.job import JobSpec
+
+S = JobState
+# members bound once: enum attribute lookups are slow in the simulator's hot loop
+PENDING, STARTING, RUNNING, STOPPING, SUSPENDED, RECOVERING, FINISHED = (
+    S.PENDING, S.STARTING, S.RUNNING, S.STOPPING, S.SUSPENDED, S.RECOVERING, S.FINISHED)
+DRAINED = (1 << 30) + 1  # reservation id that keeps new work off drained nodes
+
+
+class DecisionError(RuntimeError):
+    """A policy returned a decision that cannot be applied: a bug in the policy."""
+
+
+class Scheduler:
+    def __init__(self, backend: Backend, policy: Policy, placer: Placer, *,
+                 runtime_estimate: Callable[[Job], float] | None = None, recovery: Any = None,
+                 log_decisions: bool = True) -> None:
+        inventory = backend.inventory()
+        self.topology, self.generation = inventory.topology, inventory.generation
+        self.backend = backend
+        self.policy = policy
+        self.ctx = SchedulingContext(self.topology, ClusterState(self.topology), placer, {}, {}, {}, {},
+                                     runtime_estimate=runtime_estimate or spec_runtime)
+        self.record = RunRecord(log_decisions)
+        self._log = self.record.transitions.add
+        self.jobs: dict[str, Job] = {}
+        self.rejected: dict[str, str] = {}
+        self.busy_gpu_seconds = 0.0
+        self.round_seconds: list[float] = []  # wall seconds of each policy round (decision latency)
+        self.round_queue: list[int] = []  # pending-queue length each round saw
+        self._inflight: dict[int, Decision] = {}  # decisions sent to the backend, not yet answered, by ticket
+        self._first_launch: set[str] = set()  # jobs whose launch under way is their first
+        self._launch: dict[str, int] = {}  # job → ticket of its launch under way
+        self._cancelling: set[str] = set()
+        self._next_ticket = 0
+        self._capacity: dict[tuple[str | None, ...], int] = {}
+        self.recovery = None
+        if recovery is not None:
+            from loom.core.recovery import Recovery
+
+            self.recovery = Recovery(recovery, self)
+        self._observers: dict[type, Callable[[Any], None]] = {
+            JobStarted: self._on_started, JobProgress: self._on_progress, JobStopped: self._on_stopped,
+            JobFinished: self._on_finished, JobFailed: self._on_failed, JobRestarted: self._on_restarted,
+            NodeDown: self._on_node_down, NodeUp: self._on_node_up, NodeDrained: self._on_node_drained,
+            DecisionAccepted: _ignore, DecisionDone: self._on_done, DecisionFailed: self._on_decision_failed,
+            TimerFired: self._on_timer, InventoryChanged: self._on_inventory,
+        }
+        self._issuers: dict[type, Callable[[Any, float], None]] = {
+            Start: self._start, Resume: self._start, Preempt: self._stop, Cancel: self._stop,
+            Migrate: self._move, Resize: self._move, Reserve: self._reserve, Release: self._release,
+            Timer: self._timer,
+        }
+        observers = self._observers
+
+        def sink(event: Event) -> None:  # `observe`, with the handler table bound once
+            observers[type(event)](event)
+
+        backend.bind(sink)
+
+    # ------------------------------------------------------------------ jobs in
+    def add(self, spec: JobSpec) -> Job:
+        """Learn of a job (numbered in the order jobs are added); it waits for `submit`."""
+        if spec.job_id in self.jobs:
+            raise LoomInputError(f"job id '{spec.job_id}' is already known; job ids must be unique",
+                                 field="job_id")
+        job = self.jobs[spec.job_id] = Job(spec, len(self.jobs))
+        self.record.ids.append(spec.job_id)
+        if spec.announce_time is not None:
+            job.state = S.ANNOUNCED
+        return job
+
+    def announce(self, job: Job) -> None:
+        """A planned job becomes visible to policies ahead of its submission (for reservations)."""
+        self.ctx.announced[job.job_id] = job
+
+    def submit(self, job: Job, at: float) -> bool:
+        """The job enters the queue, or is rejected if no pool of one GPU type could ever hold it."""
+        self.ctx.announced.pop(job.job_id, None)
+        spec = job.spec
+        kinds = spec.gpu_types or (spec.gpu_type,)
+        capacity = self._capacity.get(kinds)
+        if capacity is None:
+            capacity = self._capacity[kinds] = max(self.topology.max_gpus_of_type(k) for k in kinds)
+        if spec.gpus > capacity:
+            pool = (f"{'/'.join(k for k in kinds if k)} GPUs of one type" if kinds != (None,)
+                    else "GPUs of one type (jobs never span types)")
+            self.reject(job, f"asks for {spec.gpus} GPUs; the cluster has at most {capacity} {pool}", at)
+            return False
+        if job.state is S.ANNOUNCED:
+            self._to(job, PENDING, "submitted", at)
+        job.since = at
+        self.ctx.pending[job.job_id] = job
+        return True
+
+    def reject(self, job: Job, reason: str, at: float) -> None:
+        self.ctx.announced.pop(job.job_id, None)
+        self._to(job, S.REJECTED, "rejected on submission", at)
+        job.reason = reason
+        self.rejected[job.job_id] = reason
+
+    def cancel(self, job_id: str, reason: str, at: float) -> bool:
+        """Withdraw a job; False if it had already ended. A job holding GPUs stops first."""
+        job = self.jobs.get(job_id)
+        if job is None or job.state in (S.FINISHED, S.FAILED, S.REJECTED, S.CANCELLED):
+            return False
+        if job.state in (S.STARTING, S.RUNNING):
+            self.issue([Cancel(job_id, reason)], at)
+        elif job.state is S.STOPPING:
+            self._cancelling.add(job_id)
+        else:
+            if job.state is S.RECOVERING and self.recovery is not None:
+                self.recovery.forget(job, at)
+            self.ctx.pending.pop(job_id, None)
+            self.ctx.announced.pop(job_id, None)
+            self._end(job, S.CANCELLED, f"cancelled: {reason}", at)
+        return True
+
+    # ------------------------------------------------------------------ rounds
+    def round(self, now: float) -> list[Decision]:
+        """One scheduling round: ask the policy, carry out what it decided."""
+        ctx = self.ctx
+        ctx.now = now
+        tick = perf_counter()
+        decisions = self.policy.schedule(ctx)
+        self.round_seconds.append(perf_counter() - tick)
+        self.round_queue.append(len(ctx.pending))
+        if decisions:
+            self.issue(decisions, now)
+        return decisions
+
+    def issue(self, decisions: Iterable[Decision], at: float) -> None:
+        """Check, record and carry out decisions in order (each logged before its consequences,
+        e.g. a reservation released because its job started)."""
+        log = self.record.decisions if self.record.log_decisions else None
+        for d in decisions:
+            issuer = self._issuers.get(type(d))
+            if issuer is None:
+                raise DecisionError(f"unknown decision type {type(d).__name__}")
+            if log is not None:
+                log.append((at, d))
+            issuer(d, at)
+
+    def _job(self, job_id: str, *expected: JobState) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise DecisionError(f"decision names unknown job '{job_id}'")
+        if job.state not in expected:
+            raise DecisionError(f"job '{job_id}' is {job.state.name}, expected {'/'.join(s.name for s in expected)}")
+        return job
+
+    def _send(self, d: Decision, job: Job, at: float) -> None:
+        """Hand a job decision to the backend under a new ticket (its answer may come back at once)."""
+        ticket = self._next_ticket = self._next_ticket + 1
+        self._inflight[ticket] = d
+        self.backend.apply(d, ticket, at)
+
+    def _start(self, d: Start | Resume, at: float) -> None:
+        job = self.jobs.get(d.job_id)
+        if job is None or job.state not in _STARTABLE:
+            self._job(d.job_id, PENDING, SUSPENDED, RECOVERING)  # raises, naming what is wrong
+        ctx, job_id = self.ctx, d.job_id
+        ctx.state.allocate(d.allocation)
+        ctx.pending.pop(job_id, None)
+        ran_before = job.first_start is not None
+        self._to(job, STARTING, "resume decision" if ran_before else "start decision", at)
+        job.allocation, job.plan, job.held_since, job.last_start = d.allocation, d.plan, at, at
+        if not ran_before:
+            job.first_start = at
+        ctx.starting[job_id] = job
+        ticket = self._next_ticket = self._next_ticket + 1  # _send, inlined: every job passes here
+        self._inflight[ticket] = d
+        self._launch[job_id] = ticket
+        if not ran_before:
+            self._first_launch.add(job_id)
+        self.backend.apply(d, ticket, at)
+        if ctx.reservations:
+            for rid in [r.reservation_id for r in ctx.reservations.values() if r.for_job == job_id]:
+                self.issue([Release(rid, f"job {job_id} started: its reservation is used up")], at)
+
+    def _stop(self, d: Preempt | Cancel, at: float) -> None:
+        job = self._job(d.job_id, S.RUNNING, S.STARTING)
+        self._take_off(job, at)
+        if isinstance(d, Cancel):
+            self._cancelling.add(job.job_id)
+        else:
+            job.preemptions += 1
+        self._to(job, S.STOPPING, f"{type(d).__name__.lower()} decision", at)
+        self.ctx.stopping[job.job_id] = job
+        self._send(d, job, at)
+
+    def _move(self, d: Migrate | Resize, at: float) -> None:
+        job = self._job(d.job_id, S.RUNNING)
+        before = job.allocation
+        assert before is not None
+        if isinstance(d, Migrate) and d.allocation.total != before.total:
+            raise DecisionError(f"migrate of '{job.job_id}' changes its GPU count; use Resize")
+        if d.pause_s < 0:
+            raise DecisionError(f"negative pause for '{job.job_id}'")
+        self._count_gpu_time(job, at)
+        state = self.ctx.state
+        state.release(before)
+        state.allocate(d.allocation)
+        job.allocation, job.last_start = d.allocation, at
+        if isinstance(d, Resize):
+            job.resizes += 1
+            job.plan = d.plan or job.plan
+        else:
+            job.migrations += 1
+        self._send(d, job, at)
+
+    def _reserve(self, d: Reserve, at: float) -> None:
+        ctx = self.ctx
+        if d.reservation_id in ctx.reservations:
+            raise DecisionError(f"reservation {d.reservation_id} already exists")
+        ctx.state.reserve(d.nodes, d.reservation_id)
+        ctx.reservations[d.reservation_id] = Reservation(d.reservation_id, d.nodes, d.until, d.for_job)
+        ctx.next_reservation_id = max(ctx.next_reservation_id, d.reservation_id + 1)
+        self.backend.set_timer(d.until, ("expire", d.reservation_id))
+
+    def _release(self, d: Release, at: float) -> None:
+        if self.ctx.reservations.pop(d.reservation_id, None) is None:
+            raise DecisionError(f"no reservation {d.reservation_id} to release")
+        self.ctx.state.unreserve(d.reservation_id)
+
+    def _timer(self, d: Timer, at: float) -> None:
+        if d.at < at:
+            raise DecisionError(f"timer in the past ({d.at} < {at})")
+        self.backend.set_timer(d.at, ("wake", None))
+
+    # ------------------------------------------------------------------ events in
+    def observe(self, event: Event) -> None:
+        """Apply one backend event (the backend's sink)."""
+        self._observers[type(event)](event)
+
+    def _expecting(self, job_id: str, *states: JobState) -> Job | None:
+        """The job if it is in one of `states`; None (a stale observation, counted) otherwise."""
+        job = self.jobs.get(job_id)
+        if job is None or job.state not in states:
+            self.record.stale_events += 1
+            return None
+        return job
+
+    def _on_started(self, ev: JobStarted) -> None:
+        # the simulator's hot path: the lookups of _answered, _expecting, _to and _report inlined
+        job_id, at, ticket = ev.job_id, ev.at, ev.ticket
+        if ticket is not None and self._inflight.pop(ticket, None) is None:
+            self.record.stale_events += 1
+        job = self.jobs.get(job_id)
+        if job is None or job.state is not STARTING:
+            self.record.stale_events += 1
+            return
+        ctx = self.ctx
+        del ctx.starting[job_id]
+        del self._launch[job_id]
+        self._first_launch.discard(job_id)
+        job.setup_s += at - job.last_start  # type: ignore[operator]
+        job.state = RUNNING
+        self._log(at, job.key, STARTING, RUNNING, "JobStarted")
+        ctx.running[job_id] = job
+        if ev.rate is not None:
+            job.rate = ev.rate
+        if ev.progress is not None:
+            job.progress = ev.progress
+        job.since = at
+        ctx.releases.add(job.key, ctx.expected_end(job), job.allocation.total)  # type: ignore[union-attr]
+
+    def _on_progress(self, ev: JobProgress) -> None:
+        if ev.ticket is not None:
+            self._answered(ev.ticket)
+        job = self._expecting(ev.job_id, RUNNING)
+        if job is not None:
+            self._report(job, ev.at, ev.rate, ev.progress)
+
+    def _on_restarted(self, ev: JobRestarted) -> None:
+        job = self._expecting(ev.job_id, S.RUNNING)
+        if job is None:
+            return
+        job.failures += 1
+        job.last_start = ev.at
+        self._log(ev.at, job.key, RUNNING, RUNNING, f"restarted in place: {ev.cause}")
+        self._report(job, ev.at, ev.rate, ev.progress)
+
+    def _report(self, job: Job, at: float, rate: float | None, progress: float | None) -> None:
+        if rate is not None:
+            job.rate = rate
+        if progress is not None:
+            job.progress = progress
+        job.since = at
+        self.ctx.releases.add(job.key, self.ctx.expected_end(job), job.allocation.total)  # type: ignore[union-attr]
+
+    def _on_stopped(self, ev: JobStopped) -> None:
+        if ev.ticket is not None:
+            self._answered(ev.ticket)
+        job = self._expecting(ev.job_id, STOPPING)
+        if job is None:
+            return
+        del self.ctx.stopping[job.job_id]
+        if ev.progress is not None:
+            job.progress = ev.progress
+        if job.job_id in self._cancelling:
+            self._cancelling.discard(job.job_id)
+            self._end(job, S.CANCELLED, "JobStopped (cancelled)", ev.at)
+            return
+        self._to(job, S.SUSPENDED, "JobStopped", ev.at)
+        self.ctx.pending[job.job_id] = job  # back of the queue
+
+    def _on_finished(self, ev: JobFinished) -> None:
+        job = self.jobs.get(ev.job_id)
+        old = job.state if job is not None else None
+        if old is RUNNING:  # the simulator's hot path: _take_off and _end inlined
+            job_id, at, ctx = ev.job_id, ev.at, self.ctx
+            alloc = job.allocation
+            gpu_s = (at - job.held_since) * alloc.total  # type: ignore[union-attr]
+            job.gpu_seconds += gpu_s
+            self.busy_gpu_seconds += gpu_s
+            job.held_since = at
+            ctx.state.release(alloc)  # type: ignore[arg-type]
+            del ctx.running[job_id]
+            ctx.releases.remove(job.key)
+            job.state, job.end_time, job.rate = FINISHED, at, 0.0
+            if ev.progress is not None:
+                job.progress = ev.progress
+            self._log(at, job.key, RUNNING, FINISHED, "JobFinished")
+        elif old is STOPPING:
+            del self.ctx.stopping[job.job_id]  # type: ignore[union-attr]
+            self._cancelling.discard(job.job_id)  # type: ignore[union-attr]
+            self._end(job, FINISHED, "JobFinished", ev.at)  # type: ignore[arg-type]
+        else:
+            self.record.stale_events += 1
+
+    def _on_failed(self, ev: JobFailed) -> None:
+        job = self._expecting(ev.job_id, S.RUNNING, S.STARTING, S.STOPPING)
+        if job is None:
+            return
+        if job.state is S.STARTING:
+            self._launch_failed(job, ev.at, ev.cause)
+            return
+        if job.state is S.STOPPING:  # it died while stopping: it stopped, from its last checkpoint
+            self._on_stopped(JobStopped(job.job_id, ev.at, ev.progress))
+            return
+        self._take_off(job, ev.at)
+        if ev.progress is not None:
+            job.progress = ev.progress
+        if ev.fatal:
+            self._end(job, S.FAILED, f"JobFailed: {ev.cause}", ev.at)
+            job.reason = ev.cause
+            return
+        job.failures += 1
+        if self.recovery is not None:
+            self.recovery.job_failed(job, ev.nodes, ev.at, ev.cause)
+        else:
+            self._to(job, S.SUSPENDED, f"JobFailed: {ev.cause}", ev.at)
+            self.ctx.pending[job.job_id] = job
+
+    def _launch_failed(self, job: Job, at: float, reason: str) -> None:
+        """A launch did not come up: free its GPUs, put the job back at the head of the queue."""
+        self._launch.pop(job.job_id, None)
+        ran_before = job.job_id not in self._first_launch
+        self._first_launch.discard(job.job_id)
+        del self.ctx.starting[job.job_id]
+        self._release_gpus(job, at)
+        job.setup_s += at - job.last_start  # type: ignore[operator]
+        if not ran_before:
+            job.first_start = None  # its first start never happened
+        self._to(job, S.SUSPENDED if ran_before else S.PENDING, f"launch failed: {reason}", at)
+        self._requeue_first(job)
+
+    def _requeue_first(self, job: Job) -> None:
+        pending = self.ctx.pending
+        rest = dict(pending)
+        pending.clear()
+        pending[job.job_id] = job
+        pending.update(rest)
+
+    def _on_done(self, ev: DecisionDone) -> None:
+        self._answered(ev.ticket)
+
+    def _answered(self, ticket: int) -> None:
+        if self._inflight.pop(ticket, None) is None:
+            self.record.stale_events += 1
+
+    def _on_decision_failed(self, ev: DecisionFailed) -> None:
+        d = self._inflight.pop(ev.ticket, None)
+        if d is None:
+            self.record.stale_events += 1
+            return
+        job = self.jobs[d.job_id]  # type: ignore[union-attr]
+        self.record.failed_decisions.append((ev.at, d, ev.reason))
+        if isinstance(d, (Start, Resume)):
+            if self._launch.get(job.job_id) == ev.ticket and job.state is S.STARTING:
+                self._launch_failed(job, ev.at, ev.reason)
+        elif job.state is S.RUNNING:  # a move or stop that broke half-way: the job is gone
+            self._on_failed(JobFailed(job.job_id, ev.at, f"{type(d).__name__} failed: {ev.reason}"))
+        elif job.state is S.STOPPING:
+            self._on_stopped(JobStopped(job.job_id, ev.at))
+
+    def _on_timer(self, ev: TimerFired) -> None:
+        action, arg = ev.token
+        if action == "expire" and arg in self.ctx.reservations:
+            self.issue([Release(arg, "reservation reached its end time")], ev.at)
+        elif action == "recover" and self.recovery is not None:
+            self.recovery.ready(arg, ev.at)
+
+    # ------------------------------------------------------------------ nodes
+    def _on_node_down(self, ev: NodeDown) -> None:
+        state, node = self.ctx.state, ev.node
+        name = self.topology.node_names[node]
+        self.record.node_events.append(NodeEventRecord(ev.at, name, "down", ev.cause))
+        if state.failed[node]:
+            return
+        cause = f"node {name} failed" + (f": {ev.cause}" if ev.cause else "")
+        # whatever still holds GPUs there lost them (a backend may report the node before its jobs)
+        for job in [j for j in self.ctx.running.values() if node in j.allocation.nodes]:  # type: ignore[union-attr]
+            self._on_failed(JobFailed(job.job_id, ev.at, cause, nodes=(node,)))
+        for job in [j for j in self.ctx.starting.values() if node in j.allocation.nodes]:  # type: ignore[union-attr]
+            self._launch_failed(job, ev.at, cause)
+        if self.recovery is not None:
+            self.recovery.node_down(node)
+        state.fail_node(node)
+
+    def _on_node_up(self, ev: NodeUp) -> None:
+        state, node = self.ctx.state, ev.node
+        self.record.node_events.append(NodeEventRecord(ev.at, self.topology.node_names[node], "up"))
+        if state.reserved_by[node] == DRAINED:
+            state.reserve([node], NO_RESERVATION)
+        if state.failed[node]:
+            state.repair_node(node)
+            if self.recovery is not None:
+                self.recovery.node_repaired(node)
+
+    def _on_node_drained(self, ev: NodeDrained) -> None:
+        """Nothing new is placed on a drained node; what runs there goes on until it ends."""
+        self.record.node_events.append(NodeEventRecord(ev.at, self.topology.node_names[ev.node], "drained",
+                                                       ev.cause))
+        self.ctx.state.reserve([ev.node], DRAINED)
+
+    def _on_inventory(self, ev: InventoryChanged) -> None:
+        from loom.core.inventory import adopt
+
+        adopt(self, ev.inventory, ev.at)
+
+    # ------------------------------------------------------------------ helpers
+    def _to(self, job: Job, new: JobState, event: str, at: float) -> None:
+        old = job.state
+        if new not in TRANSITIONS[old]:
+            raise IllegalTransition(job.job_id, old, new, event)
+        job.state = new
+        self._log(at, job.key, old, new, event)
+
+    def _end(self, job: Job, state: JobState, event: str, at: float) -> None:
+        self._to(job, state, event, at)
+        job.end_time = at
+        job.rate = 0.0
+
+    def _count_gpu_time(self, job: Job, at: float) -> None:
+        gpu_s = (at - job.held_since) * job.allocation.total  # type: ignore[union-attr]
+        job.gpu_seconds += gpu_s
+        self.busy_gpu_seconds += gpu_s
+        job.held_since = at
+
+    def _release_gpus(self, job: Job, at: float) -> None:
+        self._count_gpu_time(job, at)
+        self.ctx.state.release(job.allocation)  # type: ignore[arg-type]
+
+    def _take_off(self, job: Job, at: float) -> None:
+        """Off its GPUs: a running or starting job stops holding them (the record keeps its allocation)."""
+        self._release_gpus(job, at)
+        if job.state is RUNNING:
+            del self.ctx.running[job.job_id]
+            self.ctx.releases.remove(job.key)
+        else:
+            del self.ctx.starting[job.job_id]
+            self._launch.pop(job.job_id, None)
+            self._first_launch.discard(job.job_id)
+        job.rate = 0.0
+
+
+_STARTABLE = frozenset({PENDING, SUSPENDED, RECOVERING})
+
+
+def _ignore(_: Event) -> None:
+    return None
