@@ -43,6 +43,7 @@ from loom.placement.replacement import replacements
 
 if TYPE_CHECKING:
     from loom.core.scheduler import Scheduler
+    from loom.hardware.topology import Topology
 
 SPARES = 1 << 30  # reservation id of the hot spares
 REPLACEMENTS = ("topology", "naive", "policy")
@@ -176,6 +177,19 @@ class Recovery:
         self.records.append(record)
         self.waiting[job.key] = _Waiting(job, keep, lost, alloc.nodes, record)
         self.core.backend.set_timer(now + self.config.delay_s, ("recover", job.key))
+
+    def hand_back_all(self, now: float) -> None:
+        """The inventory changed under the pipelines: every recovering job goes back to the queue."""
+        for wait in list(self.waiting.values()):
+            self.forget(wait.job, now)
+            self._requeue_first(wait.job, now)
+
+    def on_inventory(self, topology: Topology) -> None:
+        """Hot spares are chosen again on the new tree (indices of the old one mean nothing now)."""
+        self.topology = topology
+        self.spares, self._refill = set(), set()
+        if self.config.spares_per_minipod:
+            self._choose_spares(self.config.spares_per_minipod)
 
     def forget(self, job: Job, now: float) -> None:
         """A recovering job was cancelled: give back its survivors, stop its pipeline."""

@@ -50,7 +50,7 @@ from loom.core.events import (
     TimerFired,
 )
 from loom.core.jobs import Job
-from loom.core.lifecycle import TRANSITIONS, IllegalTransition, JobState
+from loom.core.lifecycle import TERMINAL, TRANSITIONS, IllegalTransition, JobState
 from loom.core.protocols import Placer, Policy
 from loom.core.record import NodeEventRecord, RunRecord
 from loom.errors import LoomInputError
@@ -113,7 +113,13 @@ class Scheduler:
         def sink(event: Event) -> None:  # `observe`, with the handler table bound once
             observers[type(event)](event)
 
+        self.sink = sink  # what the backend reports to (a harness may wrap it and bind the wrapper)
         backend.bind(sink)
+
+    @property
+    def unanswered(self) -> list[Decision]:
+        """Decisions handed to the backend that it has not answered yet."""
+        return list(self._inflight.values())
 
     # ------------------------------------------------------------------ jobs in
     def add(self, spec: JobSpec) -> Job:
@@ -132,7 +138,10 @@ class Scheduler:
         self.ctx.announced[job.job_id] = job
 
     def submit(self, job: Job, at: float) -> bool:
-        """The job enters the queue, or is rejected if no pool of one GPU type could ever hold it."""
+        """The job enters the queue, or is rejected if no pool of one GPU type could ever hold it
+        (False also for a job withdrawn before it arrived)."""
+        if job.state in TERMINAL:
+            return False
         self.ctx.announced.pop(job.job_id, None)
         spec = job.spec
         kinds = spec.gpu_types or (spec.gpu_type,)

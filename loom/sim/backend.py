@@ -155,7 +155,18 @@ class SimBackend:
         self._run_on(job, alloc, now, primitive=primitive)
         self.sink(JobStarted(job.job_id, now, self.rate[job.key], self._progress(job), ticket))
 
+    def _refuse(self, d: Decision, ticket: int, now: float) -> bool:
+        """Answer a decision for a job this world is not running (it finished or died first)."""
+        job = self._by_id.get(d.job_id)  # type: ignore[union-attr]
+        if job is not None and (job.key in self.running or job.key in self.launching):
+            return False
+        self.sink(DecisionFailed(ticket, now, f"{type(d).__name__} of {d.job_id}: "  # type: ignore[union-attr]
+                                              "the job is not running here (it ended first)"))
+        return True
+
     def _stop(self, d: Preempt | Cancel, ticket: int, now: float) -> None:
+        if self._refuse(d, ticket, now):
+            return
         job = self._by_id[d.job_id]
         key = job.key
         if key in self.launching:  # stopped before it came up: the launch is called off
@@ -168,6 +179,8 @@ class SimBackend:
         self.sink(JobStopped(job.job_id, now, self._progress(job), ticket))
 
     def _move(self, d: Migrate | Resize, ticket: int, now: float) -> None:
+        if self._refuse(d, ticket, now):
+            return
         job = self._by_id[d.job_id]
         self._settle(job, now)
         self._end_segment(job, now, "move")

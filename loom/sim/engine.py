@@ -28,6 +28,7 @@ from loom.perf.interruptions import InterruptionModel
 from loom.sim.backend import SimBackend
 from loom.sim.events import (
     Announce,
+    Cancellation,
     EventKind,
     EventQueue,
     NodeFails,
@@ -93,6 +94,7 @@ class Simulation:
         hang_watchdog_s: float = 600.0,
         infra_repair_s: float = 0.85 * 86400,
         launch: LaunchModel | None = None,
+        cancellations: Sequence[tuple[str, float]] = (),
     ) -> None:
         self.topology = topology
         self.policy = policy
@@ -123,6 +125,10 @@ class Simulation:
         for job in self.jobs:
             if job.spec.announce_time is not None:
                 self.events.push(job.spec.announce_time, EventKind.ANNOUNCE, Announce(job.key))
+        for job_id, at in cancellations:
+            if job_id not in self.by_id:
+                raise LoomInputError(f"cancellation of unknown job '{job_id}'", field="cancellations")
+            self.events.push(at, EventKind.CANCEL, Cancellation(job_id))
         for failure in failures:
             node = topology.node_index.get(failure.node)
             if node is None:
@@ -242,4 +248,6 @@ class Simulation:
             backend.failure_due(payload, now)  # type: ignore[arg-type]
         elif kind == LAUNCH:
             return backend.launch_due(payload, now)  # type: ignore[arg-type]
+        elif kind == EventKind.CANCEL:
+            return self.core.cancel(payload.job_id, "cancelled by its owner", now)  # type: ignore[attr-defined]
         return True

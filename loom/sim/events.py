@@ -38,6 +38,7 @@ class EventKind(IntEnum):
     ROUND = 6
     JOB_FAILURE = 7  # a job-level failure plan fires (after a finish at the same instant)
     LAUNCH = 8  # a launch (container start, model load) completes or fails
+    CANCEL = 9  # a user withdraws a job
 
 
 class FinishDue(NamedTuple):
@@ -73,6 +74,12 @@ class NodeRepaired(NamedTuple):
 
 class Announce(NamedTuple):
     key: int
+
+
+class Cancellation(NamedTuple):
+    """A user cancels `job_id` (the sim's stand-in for `loom cancel`)."""
+
+    job_id: str
 
 
 class RoundDue(NamedTuple):
