@@ -32,17 +32,15 @@ class Transition:
 
 
 class TransitionLog:
-    """Every lifecycle transition of a run, in order, stored as columns."""
+    """Every lifecycle transition of a run, in order, in two typed arrays: times, and a code
+    packing job key, event, old and new state (two appends per transition in the hot loop)."""
 
-    __slots__ = ("_event_ids", "_events", "at", "event", "ids", "job", "new", "old")
+    __slots__ = ("at", "code", "_events", "_event_ids", "ids")
 
     def __init__(self, ids: list[str]) -> None:
         self.ids = ids  # job ids by job key (the core appends as it learns of jobs)
         self.at = array("d")
-        self.job = array("q")
-        self.old = array("b")
-        self.new = array("b")
-        self.event = array("l")
+        self.code = array("q")  # key << 32 | event << 8 | old << 4 | new
         self._events: list[str] = []
         self._event_ids: dict[str, int] = {}
 
@@ -52,23 +50,21 @@ class TransitionLog:
             eid = self._event_ids[event] = len(self._events)
             self._events.append(event)
         self.at.append(at)
-        self.job.append(key)
-        self.old.append(old)
-        self.new.append(new)
-        self.event.append(eid)
+        self.code.append(key << 32 | eid << 8 | old << 4 | new)
 
     def __len__(self) -> int:
         return len(self.at)
 
     def __getitem__(self, i: int) -> Transition:
-        return Transition(self.at[i], self.ids[self.job[i]], JobState(self.old[i]), JobState(self.new[i]),
-                          self._events[self.event[i]])
+        code = self.code[i]
+        return Transition(self.at[i], self.ids[code >> 32], JobState((code >> 4) & 15), JobState(code & 15),
+                          self._events[(code >> 8) & 0xFFFFFF])
 
     def __iter__(self) -> Iterator[Transition]:
         return (self[i] for i in range(len(self.at)))
 
     def of_job(self, key: int) -> list[Transition]:
-        return [self[i] for i, k in enumerate(self.job) if k == key]
+        return [self[i] for i, code in enumerate(self.code) if code >> 32 == key]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +84,8 @@ class RunRecord:
     node_events: list[NodeEventRecord] = field(default_factory=list)
     failed_decisions: list[tuple[float, Decision, str]] = field(default_factory=list)  # (at, decision, reason)
     stale_events: int = 0  # observations about jobs in a state that no longer expects them
+    policy_name: str = ""
+    policy_stats: dict[str, object] = field(default_factory=dict)  # the policy's own counters, at the end
 
     def __post_init__(self) -> None:
         self.transitions = TransitionLog(self.ids)

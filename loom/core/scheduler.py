@@ -182,6 +182,21 @@ class Scheduler:
             self._end(job, S.CANCELLED, f"cancelled: {reason}", at)
         return True
 
+    def close(self) -> RunRecord:
+        """End of the run: the policy's own counters (e.g. reservation violations) go into the record,
+        so reports read the record and never the policy object."""
+        from dataclasses import asdict, is_dataclass
+
+        summary_stats = getattr(self.policy, "summary_stats", None)
+        stats = summary_stats() if callable(summary_stats) else getattr(self.policy, "stats", None)
+        if is_dataclass(stats) and not isinstance(stats, type):
+            stats = asdict(stats)
+        self.record.policy_name = getattr(self.policy, "name", type(self.policy).__name__)
+        if isinstance(stats, dict):
+            self.record.policy_stats = {str(k): {str(a): b for a, b in v.items()} if isinstance(v, dict) else v
+                                        for k, v in stats.items()}
+        return self.record
+
     # ------------------------------------------------------------------ rounds
     def round(self, now: float) -> list[Decision]:
         """One scheduling round: ask the policy, carry out what it decided."""
@@ -229,7 +244,9 @@ class Scheduler:
         ctx.state.allocate(d.allocation)
         ctx.pending.pop(job_id, None)
         ran_before = job.first_start is not None
-        self._to(job, STARTING, "resume decision" if ran_before else "start decision", at)
+        old = job.state
+        job.state = STARTING  # _to, inlined (every job passes here): all of _STARTABLE may go to STARTING
+        self._log(at, job.key, old, STARTING, "resume decision" if ran_before else "start decision")
         job.allocation, job.plan, job.held_since, job.last_start = d.allocation, d.plan, at, at
         if not ran_before:
             job.first_start = at

@@ -214,6 +214,7 @@ class Simulation:
                         for j in jobs if j.first_start is not None), default=start_time)
         if progress is not None:
             progress(end_time)
+        core.close()
         return SimulationResult(
             topology=self.topology, jobs=jobs, record=core.record, events=handled, rounds=rounds,
             sim_wall_s=time.perf_counter() - wall, busy_gpu_seconds=core.busy_gpu_seconds,
