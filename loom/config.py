@@ -60,12 +60,27 @@ class SimConfig(_Strict):
     interruptions: dict[str, Any] | None = None
     # failure recovery (loom.core.recovery.RecoveryConfig fields); {} = defaults, null = off
     recovery: dict[str, Any] | None = None
+    # modelled launches (loom.sim.launch.LaunchModel fields: profile, latency_s, default_s,
+    # failure_probability, seed); null = instant launches (the default), a string = a profile name
+    launch: dict[str, Any] | None = None
     outputs: Outputs = Outputs()
 
     @field_validator("policy", "placer", "speed_model", mode="before")
     @classmethod
     def _name_shorthand(cls, value: Any) -> Any:
         return {"name": value} if isinstance(value, str) else value
+
+    @field_validator("launch", mode="before")
+    @classmethod
+    def _launch_shorthand(cls, value: Any) -> Any:
+        return launch_section(value)
+
+
+def launch_section(value: Any) -> Any:
+    """`launch: acme` is `launch: {profile: acme}`; `launch: none` is off (instant launches)."""
+    if isinstance(value, str):
+        return None if value == "none" else {"profile": value}
+    return value
 
 
 def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> SimConfig:
@@ -84,15 +99,21 @@ def load_config(path: Path | None, overrides: dict[str, Any] | None = None) -> S
         if loaded is not None and not isinstance(loaded, dict):
             raise LoomInputError("the config must be a mapping of fields", source=source)
         data = loaded or {}
+    if "launch" in data:  # the profile shorthand, so that flags can set fields beside the profile
+        data["launch"] = launch_section(data["launch"])
     for key, value in (overrides or {}).items():
         if value is None:
             continue
         target = data
         *parents, leaf = key.split(".")
         for part in parents:
-            target = target.setdefault(part, {})
+            if target.get(part) is None:  # absent, or `section: null` (off) being turned on by a flag
+                target[part] = {}
+            target = target[part]
             if isinstance(target, str):  # "policy: fcfs" shorthand being overridden by policy.params
                 raise LoomInputError(f"cannot set '{key}' on a shorthand value", source=source, field=key)
+            if not isinstance(target, dict):
+                raise LoomInputError(f"cannot set '{key}': '{part}' is not a mapping", source=source, field=part)
         target[leaf] = value
     try:
         return SimConfig.model_validate(data)

@@ -22,6 +22,7 @@ from typing import Any
 import loom
 from loom.config import Component, SimConfig, config_to_dict
 from loom.core.protocols import PLACERS, POLICIES, SPEED_MODELS
+from loom.core.recovery import RecoveryConfig
 from loom.errors import LoomInputError
 from loom.hardware.clusters import load_cluster
 from loom.perf.interruptions import InterruptionCosts, InterruptionModel
@@ -29,8 +30,8 @@ from loom.registry import Registry
 from loom.report.decision_log import write_decision_log
 from loom.report.metrics import job_records, summary
 from loom.sim.engine import Simulation, SimulationResult
+from loom.sim.launch import LaunchModel
 from loom.workload.faults import NodeFailure
-from loom.core.recovery import RecoveryConfig
 from loom.workload.job import FinalStatus
 from loom.workload.loaders import load_trace
 
@@ -84,6 +85,7 @@ def build_simulation(config: SimConfig) -> Simulation:
     on_by_failures = {} if (config.failures_from or config.job_failures) else None
     interruptions = _section(InterruptionCosts, config.interruptions, on_by_failures, "interruptions")
     recovery = _section(RecoveryConfig, config.recovery, on_by_failures, "recovery")
+    launch = _section(LaunchModel, launch_params(config), None, "launch")
     if config.failures_from:
         failures += failures_over(config.failures_from, topology, specs, config.seed).failures
         if config.recorded_failures == "drop":  # they already end at their recorded failure
@@ -100,7 +102,15 @@ def build_simulation(config: SimConfig) -> Simulation:
         interruptions=InterruptionModel(interruptions) if interruptions is not None else None,
         recovery=recovery,
         job_failures=job_failure_plans(config.job_failures, specs, config.seed),
+        launch=launch,
     )
+
+
+def launch_params(config: SimConfig) -> dict[str, Any] | None:
+    """The `launch:` section with the run's seed unless it names its own (None: instant launches)."""
+    if config.launch is None:
+        return None
+    return {"seed": config.seed, **config.launch}
 
 
 def job_failure_plans(kind: str | None, specs: list[Any], seed: int) -> Any:

@@ -64,15 +64,24 @@ def simulate(
     checkpoint_interval: str = typer.Option(None, help="Checkpoint interval, e.g. 30m, 1h, 900 (seconds)."),
     recovery: str = typer.Option(None, help="Replacement of failed nodes: topology, naive or policy."),
     spares: int = typer.Option(None, help="Hot spare nodes per minipod (only preemptible jobs run there)."),
+    launch: str = typer.Option(None, "--launch", metavar="PROFILE", help="Modelled launches: acme (60 s of model "
+                               "and data loading per start, Acme Fig. 13; sets launch.profile) or none (instant "
+                               "launches, the default; turns the config's launch section off)."),
     plan_cache: Path = typer.Option(None, "--plan-cache", help="SQLite file keeping plan searches' answers "
                                     "across runs (the LOOM_PLAN_CACHE variable does the same)."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Replay a trace on a cluster with a policy and a placer; write metrics to --out."""
     from loom.config import load_config
+    from loom.errors import LoomInputError
     from loom.run import run
 
     use_plan_cache(plan_cache)
+    if launch is not None:
+        from loom.sim.launch import PROFILES
+
+        if launch not in PROFILES:
+            raise LoomInputError(f"unknown launch profile '{launch}' (known: {', '.join(PROFILES)})", field="--launch")
 
     cfg = load_config(config, {
         "trace": trace, "cluster": cluster, "policy": policy, "placer": placer, "speed_model": speed_model, "seed": seed,
@@ -81,6 +90,7 @@ def simulate(
         "interruptions.checkpoint_mode": checkpoint,
         "interruptions.checkpoint_interval_s": parse_duration(checkpoint_interval, "--checkpoint-interval"),
         "recovery.replacement": recovery, "recovery.spares_per_minipod": spares,
+        **({"launch": "none"} if launch == "none" else {"launch.profile": launch}),
     })
     if quiet:
         outputs = run(cfg)
@@ -140,7 +150,8 @@ def _print_summary(stats: dict[str, Any], out_dir: Path) -> None:
     for key in ("jobs", "finished", "rejected", "unfinished", "avg_jct_s", "p50_jct_s", "p99_jct_s",
                 "avg_queue_s", "p99_queue_s", "makespan_s", "gpu_utilization", "preemptions",
                 "sim_wall_s", "events_per_s", "decision_ms_median", "decision_ms_p99", "failed", "goodput_fraction",
-                "gpu_hours_lost_to_failures", "gpu_hours_checkpointing", "recoveries", "recovery_s_median"):
+                "gpu_hours_lost_to_failures", "gpu_hours_checkpointing", "recoveries", "recovery_s_median",
+                "avg_setup_s", "launch_failures"):
         if key not in stats or stats[key] is None:
             continue
         value = stats[key]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from loom.core.decisions import Resume, Start
 from loom.core.jobs import JobState
 from loom.sim.engine import SimulationResult
 
@@ -15,7 +16,7 @@ def job_records(result: SimulationResult) -> pl.DataFrame:
     tiers = [t.name for t in topo.tiers]
     rows: dict[str, list] = {k: [] for k in (
         "job_id", "state", "submit", "start", "end", "queue_s", "jct_s", "run_s", "gpus", "gpu_type", "nodes",
-        "preemptions", "migrations", "resizes", "failures", "gpu_seconds", "job_class", "vc", "reason")}
+        "preemptions", "migrations", "resizes", "failures", "gpu_seconds", "setup_s", "job_class", "vc", "reason")}
     spans: list[tuple[int, ...]] = []
     for job in result.jobs:
         spec = job.spec
@@ -37,6 +38,7 @@ def job_records(result: SimulationResult) -> pl.DataFrame:
         rows["resizes"].append(job.resizes)
         rows["failures"].append(job.failures)
         rows["gpu_seconds"].append(job.gpu_seconds)
+        rows["setup_s"].append(job.setup_s)
         rows["job_class"].append(spec.job_class.value)
         rows["vc"].append(spec.vc)
         rows["reason"].append(job.reason or None)
@@ -76,6 +78,7 @@ def summary(result: SimulationResult) -> dict[str, float | int]:
         "busy_gpu_seconds": result.busy_gpu_seconds,
         "preemptions": sum(j.preemptions for j in result.jobs),
         "failure_evictions": sum(j.failures for j in result.jobs),
+        **launches(result),
         "decisions": len(result.decisions),
         "events": result.events,
         "rounds": result.rounds,
@@ -85,6 +88,16 @@ def summary(result: SimulationResult) -> dict[str, float | int]:
         **energy(result),
         **reliability(result),
     }
+
+
+def launches(result: SimulationResult) -> dict[str, float | int]:
+    """Set-up time (STARTING: model and data loading) and launches that did not come up; zero
+    with instant launches. `avg_setup_s` is over the jobs that started; `launch_failures` counts
+    the Start/Resume decisions the backend answered with a failure (a modelled launch failure,
+    a node failing during the launch, a launch called off by a preemption or a cancel)."""
+    setup = np.array([j.setup_s for j in result.jobs if j.first_start is not None], dtype=float)
+    failed = sum(1 for _, decision, _ in result.record.failed_decisions if isinstance(decision, (Start, Resume)))
+    return {"avg_setup_s": _stat(setup, np.mean), "launch_failures": failed}
 
 
 def decision_latency(result: SimulationResult) -> dict[str, float]:

@@ -35,7 +35,10 @@ PROFILES: dict[str, dict[str, float]] = {
 @dataclass(frozen=True)
 class LaunchModel:
     """Launch latency per job class (seconds; classes not named take `default_s`) and the
-    probability that a launch fails. `profile` fills `latency_s` from a named preset."""
+    probability that a launch fails. `profile` fills `latency_s` from a named preset.
+
+    Failures are drawn from the model's own random stream, in launch order: give each
+    simulation its own model (a model reused by a second run goes on with the stream)."""
 
     latency_s: Mapping[str, float] = field(default_factory=dict)
     default_s: float = 0.0
@@ -44,13 +47,14 @@ class LaunchModel:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.latency_s, Mapping):
+            raise LoomInputError(f"must be a mapping of job class to seconds, got {self.latency_s!r}",
+                                 field="launch.latency_s")
         if self.profile is not None:
-            if self.profile not in PROFILES:
+            if not isinstance(self.profile, str) or self.profile not in PROFILES:
                 raise LoomInputError(f"must be one of {', '.join(PROFILES)}, got {self.profile!r}",
                                      field="launch.profile")
             object.__setattr__(self, "latency_s", {**PROFILES[self.profile], **dict(self.latency_s)})
-        if not isinstance(self.latency_s, Mapping):
-            raise LoomInputError("must be a mapping of job class to seconds", field="launch.latency_s")
         for name, value in self.latency_s.items():
             if name not in CLASSES:
                 raise LoomInputError(f"unknown job class {name!r} (known: {', '.join(CLASSES)})",
@@ -60,6 +64,8 @@ class LaunchModel:
         p = self.failure_probability
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
             raise LoomInputError(f"must be a number in [0, 1), got {p!r}", field="launch.failure_probability")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise LoomInputError(f"must be an integer, got {self.seed!r}", field="launch.seed")
         object.__setattr__(self, "_rng", random.Random(self.seed))
 
     @property
