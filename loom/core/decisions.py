@@ -1,7 +1,7 @@
 """Decisions are data: what a policy wants done, each with a readable reason.
 
 The core checks each against the job lifecycle, records it in the run record
-and hands the ones that act on jobs (`JOB_DECISIONS`) to the backend, which
+and hands the ones that act on jobs (all but Reserve, Release, Timer) to the backend, which
 answers asynchronously; reservations and timers are the core's own. A run
 can so be explained and replayed decision by decision.
 """
@@ -97,4 +97,3 @@ class Cancel:
 
 
 Decision = Start | Preempt | Resume | Migrate | Resize | Reserve | Release | Timer | Cancel
-JOB_DECISIONS = (Start, Resume, Preempt, Migrate, Resize, Cancel)  # carried out by a backend

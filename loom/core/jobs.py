@@ -67,9 +67,5 @@ class Job:
         self.setup_s = 0.0  # time spent STARTING (launches: image pull, model and data load)
         self.reason = ""
 
-    @property
-    def running(self) -> bool:
-        return self.state is JobState.RUNNING
-
     def __repr__(self) -> str:
         return f"Job({self.spec.job_id!r}, {self.state.name}, gpus={self.spec.gpus})"

@@ -38,8 +38,6 @@ class JobState(IntEnum):
 
 
 TERMINAL = frozenset({JobState.FINISHED, JobState.FAILED, JobState.REJECTED, JobState.CANCELLED})
-WAITING = frozenset({JobState.PENDING, JobState.SUSPENDED})  # in the queue (ctx.pending)
-HOLDING = frozenset({JobState.STARTING, JobState.RUNNING})  # hold GPUs (ctx.running / ctx.starting)
 
 _S = JobState
 TRANSITIONS: dict[JobState, frozenset[JobState]] = {

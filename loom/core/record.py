@@ -35,7 +35,7 @@ class TransitionLog:
     """Every lifecycle transition of a run, in order, in two typed arrays: times, and a code
     packing job key, event, old and new state (two appends per transition in the hot loop)."""
 
-    __slots__ = ("at", "code", "_events", "_event_ids", "ids")
+    __slots__ = ("_event_ids", "_events", "at", "code", "ids")
 
     def __init__(self, ids: list[str]) -> None:
         self.ids = ids  # job ids by job key (the core appends as it learns of jobs)
@@ -92,7 +92,3 @@ class RunRecord:
 
     def transitions_of(self, job_id: str) -> list[Transition]:
         return self.transitions.of_job(self.ids.index(job_id))
-
-    def count(self, new: JobState, event_prefix: str = "") -> int:
-        """Transitions into `new` (whose event starts with `event_prefix`)."""
-        return sum(1 for t in self.transitions if t.new is new and t.event.startswith(event_prefix))

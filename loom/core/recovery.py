@@ -114,9 +114,6 @@ class Recovery:
             self._choose_spares(config.spares_per_minipod)
 
     # -- spares -------------------------------------------------------------------
-    def _minipod(self, node: int) -> int:
-        return int(self.topology.switch_of[self.topology.minipod_tier, node])
-
     def _choose_spares(self, per_minipod: int) -> None:
         pods = self.topology.switch_of[self.topology.minipod_tier]
         for pod in np.unique(pods).tolist():

@@ -39,9 +39,6 @@ class RoundPlan:
         trial._state = self.view.copy()
         return trial
 
-    def fits_by_count(self, gpus: int) -> bool:
-        return gpus <= self.view.free_total
-
     def place(self, job: Job, gpus: int | None = None) -> Allocation | None:
         gpus = gpus or job.gpus
         state = self.view  # placers only read, so a failed attempt copies nothing

@@ -99,9 +99,6 @@ class EventQueue:
         self._seq += 1
         heapq.heappush(self.heap, (time, int(kind), self._seq, payload))
 
-    def peek_time(self) -> float:
-        return self.heap[0][0] if self.heap else float("inf")
-
     def pop(self) -> tuple[float, int, int, Any]:
         return heapq.heappop(self.heap)
 
