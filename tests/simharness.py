@@ -290,7 +290,8 @@ def check_accounting(ctx: SchedulingContext, jobs: list[Job]) -> None:
     down = np.flatnonzero(state.failed)
     assert (used[down] == 0).all(), f"jobs running on failed node(s) {[topo.node_names[i] for i in down]}"
     assert (state.free[down] == 0).all(), "failed node shows free GPUs"
-    assert sorted(key for _, key, _ in ctx.releases) == sorted(j.key for j in ctx.running.values())
+    assert sorted(key for _, key, _ in ctx.releases) == sorted(j.key for j in [*ctx.running.values(),
+                                                                             *ctx.starting.values()])
 
 
 class EasyShadowAudit:

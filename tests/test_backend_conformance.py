@@ -243,3 +243,25 @@ def test_cancel_while_recovering_releases_the_survivors(world):
     assert [t[1] for t in out.transitions("big")][-2:] == ["RECOVERING", "CANCELLED"]
     assert big.end_time == 200.0 and not out.core.ctx.held
     assert int(out.core.ctx.state.free_total) == 24
+
+
+def test_a_launch_preempted_before_it_came_up_never_ran(world):
+    """Preempting a starting job calls its launch off: its set-up time counts, but it has not started
+    (its next launch is a Start, and its queueing delay runs to that launch)."""
+    class PreemptStarting:
+        name = "preempt-starting"
+
+        def schedule(self, ctx) -> list[Decision]:
+            if "b" in ctx.pending and "a" in ctx.starting:
+                return [Preempt("a", "make room for b")]
+            return POLICIES.get("fcfs")().schedule(ctx)
+
+    specs = [_job("a", 0.0, 8, 1000.0), _job("b", 30.0, 8, 100.0)]
+    out = world(specs, PreemptStarting(), nodes=1, launch=LaunchModel(default_s=60.0))
+    a = out.job("a")
+    assert [t[:2] for t in out.transitions("a")][:3] == [("PENDING", "STARTING"), ("STARTING", "STOPPING"),
+                                                          ("STOPPING", "PENDING")]
+    assert a.first_start == 190.0 and a.setup_s == 30.0 + 60.0 and a.end_time == 190.0 + 60.0 + 1000.0
+    assert [type(d).__name__ for _, d in out.result.decisions if getattr(d, "job_id", None) == "a"] == \
+        ["Start", "Preempt", "Start"]
+    _answers_in_order(out)

@@ -46,7 +46,8 @@ TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     # a launch can fail (back to the queue, or for good), be cancelled or lose a node
     _S.STARTING: frozenset({_S.RUNNING, _S.PENDING, _S.SUSPENDED, _S.STOPPING, _S.FAILED}),
     _S.RUNNING: frozenset({_S.STOPPING, _S.FINISHED, _S.FAILED, _S.RECOVERING, _S.SUSPENDED}),
-    _S.STOPPING: frozenset({_S.SUSPENDED, _S.CANCELLED, _S.FINISHED, _S.FAILED}),
+    # back to PENDING when it was stopped before its first launch came up
+    _S.STOPPING: frozenset({_S.SUSPENDED, _S.PENDING, _S.CANCELLED, _S.FINISHED, _S.FAILED}),
     _S.SUSPENDED: frozenset({_S.STARTING, _S.CANCELLED}),
     _S.RECOVERING: frozenset({_S.STARTING, _S.SUSPENDED, _S.CANCELLED, _S.FAILED}),
     _S.FINISHED: frozenset(),

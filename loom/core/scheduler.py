@@ -257,6 +257,8 @@ class Scheduler:
         if not ran_before:
             self._first_launch.add(job_id)
         self.backend.apply(d, ticket, at)
+        if job.state is STARTING:  # a launch under way: its GPUs come back no sooner than its work is done
+            ctx.releases.add(job.key, at + ctx.runtime_estimate(job), d.allocation.total)
         if ctx.reservations:
             for rid in [r.reservation_id for r in ctx.reservations.values() if r.for_job == job_id]:
                 self.issue([Release(rid, f"job {job_id} started: its reservation is used up")], at)
@@ -385,8 +387,9 @@ class Scheduler:
             self._cancelling.discard(job.job_id)
             self._end(job, S.CANCELLED, "JobStopped (cancelled)", ev.at)
             return
-        self._to(job, S.SUSPENDED, "JobStopped", ev.at)
-        self.ctx.pending[job.job_id] = job  # back of the queue
+        # back of the queue; a job stopped before its first launch came up never ran
+        self._to(job, S.SUSPENDED if job.first_start is not None else PENDING, "JobStopped", ev.at)
+        self.ctx.pending[job.job_id] = job
 
     def _on_finished(self, ev: JobFinished) -> None:
         job = self.jobs.get(ev.job_id)
@@ -442,6 +445,7 @@ class Scheduler:
         ran_before = job.job_id not in self._first_launch
         self._first_launch.discard(job.job_id)
         del self.ctx.starting[job.job_id]
+        self.ctx.releases.remove(job.key)
         self._release_gpus(job, at)
         job.setup_s += at - job.last_start  # type: ignore[operator]
         if not ran_before:
@@ -552,10 +556,14 @@ class Scheduler:
         if job.state is RUNNING:
             del self.ctx.running[job.job_id]
             self.ctx.releases.remove(job.key)
-        else:
+        else:  # its launch is called off: the time spent launching is set-up, and a first launch never happened
             del self.ctx.starting[job.job_id]
+            self.ctx.releases.remove(job.key)
             self._launch.pop(job.job_id, None)
-            self._first_launch.discard(job.job_id)
+            job.setup_s += at - job.last_start  # type: ignore[operator]
+            if job.job_id in self._first_launch:
+                self._first_launch.discard(job.job_id)
+                job.first_start = None
         job.rate = 0.0
 
 
