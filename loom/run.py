@@ -22,6 +22,7 @@ from typing import Any
 import loom
 from loom.config import Component, SimConfig, config_to_dict
 from loom.core.protocols import PLACERS, POLICIES, SPEED_MODELS
+from loom.core.record import RunRecord
 from loom.core.recovery import RecoveryConfig
 from loom.errors import LoomInputError
 from loom.hardware.clusters import load_cluster
@@ -58,22 +59,9 @@ def build(registry: Registry[type], component: Component, seed: int, field: str)
     return factory(**params)
 
 
-def _policy_stats(policy: Any) -> dict[str, Any]:
-    """Counters a policy keeps (e.g. reservation violations), prefixed by its name."""
-    from dataclasses import asdict, is_dataclass
-
-    summary_stats = getattr(policy, "summary_stats", None)
-    stats = summary_stats() if callable(summary_stats) else getattr(policy, "stats", None)
-    if is_dataclass(stats) and not isinstance(stats, type):
-        stats = asdict(stats)
-    if not isinstance(stats, dict):
-        return {}
-    out: dict[str, Any] = {}
-    for key, value in stats.items():
-        if isinstance(value, dict):
-            value = {str(k): v for k, v in value.items()}
-        out[f"{policy.name}_{key}"] = value
-    return out
+def _policy_stats(record: RunRecord) -> dict[str, Any]:
+    """Counters the policy kept (e.g. reservation violations), from the run record, prefixed by its name."""
+    return {f"{record.policy_name}_{key}": value for key, value in record.policy_stats.items()}
 
 
 def build_simulation(config: SimConfig) -> Simulation:
@@ -162,7 +150,7 @@ def run(config: SimConfig, progress_factory: Callable[[Simulation], Callable[[fl
     setup_s = time.perf_counter() - t0
     result = sim.run(progress_factory(sim) if progress_factory else None)
     stats = summary(result)
-    stats.update(_policy_stats(sim.policy))
+    stats.update(_policy_stats(result.record))
     if getattr(sim.policy, "quotas", None) is not None:  # per-VC fairness of a quota run
         from loom.report.fairness import fairness_index, vc_fairness
 
