@@ -37,13 +37,13 @@ import numpy as np
 
 from loom.core.jobs import JobState
 from loom.core.protocols import PLACERS, POLICIES
+from loom.core.recovery import RecoveryConfig
 from loom.hardware.clusters import load_cluster
 from loom.paths import shared_traces_dir
 from loom.perf.interruptions import InterruptionCosts, InterruptionModel
 from loom.report.metrics import summary
 from loom.report.sla import sla_attainment
 from loom.sim.engine import Simulation
-from loom.core.recovery import RecoveryConfig
 from loom.workload.faults import load_fault_trace
 from loom.workload.generate import generate
 from loom.workload.job import JobClass, JobSpec
@@ -121,7 +121,7 @@ def sla() -> None:
           f"preemptions {s['preemptions']}, resizes {sum(j.resizes for j in result.jobs)}\n")
     print(_row(["tier", "guarantee", "jobs", "attainment", "jobs ≥ 99%", "GPUs held / requested"]))
     print(_row(["---"] * 6))
-    for row in sla_attainment(result, policy):
+    for row in sla_attainment(result, policy.rule):
         print(_row([row["tier"], row["fraction"], row["jobs"], _fmt(row["attainment"], "{:.3f}"),
                     _fmt(row["met_99"], "{:.2f}"), _fmt(row["held_share"], "{:.3f}")]))
 

@@ -204,6 +204,19 @@ def test_gavel_time_shares_when_oversubscribed(hetero):
     assert max(j.first_start for j in res.jobs) < min(j.end_time for j in res.jobs)
 
 
+def test_gavel_rows_follow_the_jobs_in_the_system_not_every_job_ever_submitted(hetero):
+    """A service submits jobs without end: Gavel's per-job arrays must be bounded by the jobs in
+    the system, rows of finished jobs reused (not indexed by submission number)."""
+    burst = [job(f"b{i}", 0.0, 4, 100.0) for i in range(70)]
+    later = [job(f"s{i}", 10_000.0 + 400.0 * i, 4, 100.0) for i in range(200)]
+    policy = Gavel(round_s=360.0)
+    res = simulate(hetero, burst + later, policy)
+    assert all(j.end_time is not None for j in res.jobs)
+    rows = policy._rows
+    assert rows.used <= 70 and len(rows.ref) == 128  # the burst's peak, grown geometrically from 64
+    assert not rows.row and len(rows.free) == rows.used  # every row back on the free list
+
+
 @pytest.fixture(scope="module")
 def arena():
     return CLUSTERS.get("arena-1280")(), load_trace("arena-pai")[:60]

@@ -11,10 +11,11 @@ from loom.core.decisions import Preempt, Resize, Start, Timer
 from loom.core.jobs import JobState
 from loom.core.protocols import PLACERS, POLICIES
 from loom.errors import LoomInputError
-from loom.policies.sla import SlaTiers, TierRule, min_devices, valid_sizes
+from loom.policies.sla import SlaTiers
 from loom.report.sla import sla_attainment
 from loom.sim.engine import Simulation
 from loom.workload.job import JobClass
+from loom.workload.tiers import TierRule, min_devices, valid_sizes
 
 
 def run(topo, specs, policy: SlaTiers):
@@ -31,8 +32,8 @@ def held_over_time(result) -> dict[str, list[tuple[float, int]]]:
     return out
 
 
-def rows(result, policy) -> dict[str, dict]:
-    return {r["tier"]: r for r in sla_attainment(result, policy)}
+def rows(result, rule: TierRule) -> dict[str, dict]:
+    return {r["tier"]: r for r in sla_attainment(result, rule)}
 
 
 def surge():
@@ -109,7 +110,7 @@ def test_surge_premium_starts_at_once_and_lower_tiers_yield(small_clos):
             assert d.allocation.total >= min_devices(jobs[d.job_id].spec)
         if isinstance(d, (Resize, Preempt)) and d.reason.startswith("sla"):
             assert policy.tier(jobs[d.job_id]) != "premium" and "premium job p" in d.reason
-    r = rows(result, policy)
+    r = rows(result, policy.rule)
     assert r["premium"]["attainment"] == 1.0 and r["premium"]["met_99"] == 1.0
     assert r["standard"]["attainment"] == 1.0
     assert r["basic"]["attainment"] < 1.0 and r["basic"]["held_share"] < 1.0
@@ -139,7 +140,7 @@ def test_standard_keeps_half_when_premium_needs_more(small_clos):
     at_50 = [(type(d).__name__, d.job_id, getattr(d, "allocation", None)) for t, d in result.decisions if t == 50]
     assert [(k, j) for k, j, _ in at_50] == [("Preempt", "b"), ("Resize", "s"), ("Start", "p")]
     assert at_50[1][2].total == 16
-    r = rows(result, policy)
+    r = rows(result, policy.rule)
     assert r["premium"]["attainment"] == 1.0 and r["standard"]["attainment"] == 1.0
     assert r["basic"]["attainment"] < 1.0
 
@@ -163,7 +164,7 @@ def test_no_contention_everyone_attains(small_clos):
     policy = SlaTiers()
     result = run(small_clos, specs, policy)
     assert not any(isinstance(d, (Resize, Preempt)) for _, d in result.decisions)
-    for r in sla_attainment(result, policy):
+    for r in sla_attainment(result, policy.rule):
         assert (r["jobs"], r["attainment"], r["met_99"], r["held_share"]) == (1, 1.0, 1.0, 1.0)
 
 

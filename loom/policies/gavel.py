@@ -44,14 +44,15 @@ size) finds it with a far smaller, less degenerate LP. The optimal objective
 is the same; among several optima the symmetric one is returned.
 
 Caching (none changes a decision): a job's throughput row, normaliser, GPU
-count and submit time are kept per job (`Job.key`; its spec and GPU count never
-change under Gavel); classes are ordered by content, so the LP does not depend
-on the order of the jobs, and its last solution is reused while the classes,
-class sizes and per-type capacities are unchanged (the LP is then identical);
-a between-rounds call in which no waiting job fits the free GPUs of any of its
-types skips the LP (it could start nothing; `last_allocation` solves it on
-demand); placement is not attempted on a type with fewer free GPUs than the
-job needs (no placer could succeed there).
+count and submit time are kept per job (its spec and GPU count never change
+under Gavel) in a row of Gavel's own arrays (`_Rows`: rows by job id, reused
+once a job leaves the system); classes are ordered by content, so the LP does
+not depend on the order of the jobs, and its last solution is reused while
+the classes, class sizes and per-type capacities are unchanged (the LP is then
+identical); a between-rounds call in which no waiting job fits the free GPUs
+of any of its types skips the LP (it could start nothing; `last_allocation`
+solves it on demand); placement is not attempted on a type with fewer free
+GPUs than the job needs (no placer could succeed there).
 
 Rounds
 ------
@@ -101,6 +102,62 @@ EPS = 1e-3
 TINY = 1e-9
 
 
+class _Rows:
+    """Gavel's per-job arrays: one row per job in the system, allocated by job id.
+
+    A long-running service submits jobs without end, so rows cannot be indexed by
+    a submission number (arrays would grow with every job ever seen). A job gets a
+    row when Gavel first sees it; when it leaves the running and waiting jobs its
+    row goes to a free list (its time received is forgotten, as Gavel forgets it)
+    and the next new job reuses it. The arrays double when full, so they follow
+    the peak number of jobs in the system. Which row a job gets never changes a
+    decision: rows only index, ties are broken by submission order (`Job.key`).
+    """
+
+    __slots__ = ("free", "gpus", "made", "recv", "ref", "row", "submit", "thr", "types", "used")
+
+    def __init__(self, types: int = 0) -> None:
+        self.types = types
+        self.row: dict[str, int] = {}  # job id → its row
+        self.made: dict[str, tuple[Job, int]] = {}  # job id → (the job, its GPUs) its row was computed for
+        self.free: list[int] = []  # rows of jobs that left the system, to reuse
+        self.used = 0  # rows ever handed out (the free ones included)
+        self.thr, self.recv = np.zeros((0, types)), np.zeros((0, types))  # throughput, seconds run, per type
+        self.ref, self.gpus, self.submit = np.zeros(0), np.zeros(0), np.zeros(0)
+
+    def of(self, job_id: str) -> int:
+        """The job's row, handing out a free one (or a new one) the first time it is seen."""
+        r = self.row.get(job_id)
+        if r is None:
+            if self.free:
+                r = self.free.pop()
+            else:
+                r = self.used
+                self.used += 1
+                if r >= len(self.ref):
+                    self._grow(max(64, 2 * len(self.ref)))
+            self.row[job_id] = r
+        return r
+
+    def rows(self, jobs: list[Job]) -> np.ndarray:
+        of = self.of
+        return np.fromiter((of(j.job_id) for j in jobs), np.intp, len(jobs))
+
+    def release(self, job_ids: set[str]) -> None:
+        """Rows of jobs no longer in the system go back to the free list, their history cleared."""
+        for job_id in job_ids:
+            r = self.row.pop(job_id)
+            self.made.pop(job_id, None)
+            self.recv[r] = 0.0
+            self.free.append(r)
+
+    def _grow(self, size: int) -> None:
+        have = len(self.ref)
+        pad = [(0, size - have), (0, 0)]
+        self.thr, self.recv = np.pad(self.thr, pad), np.pad(self.recv, pad)
+        self.ref, self.gpus, self.submit = (np.pad(a, (0, size - have)) for a in (self.ref, self.gpus, self.submit))
+
+
 @POLICIES.register("gavel")
 class Gavel:
     name = "gavel"
@@ -111,12 +168,9 @@ class Gavel:
         self.round_s = params.number(round_s, "round_s", low=0, low_open=True)
         self.migration_pause_s = params.number(migration_pause_s, "migration_pause_s", low=0)
         self._thr: Throughputs | None = None
-        # per job, indexed by `Job.key`: its throughput row, normaliser, GPUs, submit time (computed once:
-        # they depend only on the job's spec and GPU count, which Gavel never changes) and seconds run per type
-        self._kjob: dict[int, tuple[Job, int]] = {}  # key → (the job, its GPUs) its rows were computed for
-        self._kthr, self._kref, self._kgpus, self._ksubmit, self._krecv = (np.zeros((0, 0)), np.zeros(0), np.zeros(0),
-                                                                          np.zeros(0), np.zeros((0, 0)))
-        self._live: set[int] = set()  # keys of the jobs in the system at the last call
+        # per job in the system: its throughput row, normaliser, GPUs, submit time (computed once: they
+        # depend only on the job's spec and GPU count, which Gavel never changes) and seconds run per type
+        self._rows = _Rows()
         self._type_masks: dict[int, np.ndarray | None] = {}  # type index → its nodes (no reservations)
         self._lp: dict = {}  # `solve_allocation`'s memo: the last per-class LP and its solution
         self._last_now: float | None = None
@@ -129,41 +183,36 @@ class Gavel:
     def _throughputs(self, ctx: SchedulingContext) -> Throughputs:
         if self._thr is None or self._thr.topology is not ctx.topology:
             self._thr = Throughputs(ctx.topology)
-            self._kjob.clear()  # recompute the rows
+            self._rows.made.clear()  # recompute the rows
+            types = len(ctx.topology.gpu_types)
+            if types != self._rows.types:  # other columns: what jobs received per type no longer applies
+                self._rows = _Rows(types)
             self._type_masks.clear()
             self._lp = {}
         return self._thr
 
-    def _grow(self, size: int, types: int) -> None:
-        """Make the per-key arrays hold keys < `size`."""
-        have = len(self._kref)
-        if size > have:
-            new = max(size, 2 * have, 64)
-            pad = [(0, new - have), (0, 0)]
-            self._kthr = np.pad(self._kthr[:have].reshape(have, types), pad)
-            self._krecv = np.pad(self._krecv[:have].reshape(have, types), pad)
-            self._kref, self._kgpus, self._ksubmit = (np.pad(a[:have], (0, new - have))
-                                                       for a in (self._kref, self._kgpus, self._ksubmit))
-
-    def _matrix(self, ctx: SchedulingContext, jobs: list[Job], ks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _matrix(self, ctx: SchedulingContext, jobs: list[Job], rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Throughput matrix (n × T) and each job's normaliser (throughput on its requested type).
 
         A job's row depends only on its spec and GPU count (Gavel never resizes), so it
-        is computed once per job (`ks`: the jobs' keys) and reused every round."""
+        is computed once per job (`rows`: the jobs' rows) and reused every round."""
         thr_of = self._throughputs(ctx)
         types = ctx.topology.gpu_types
-        self._grow(int(ks.max()) + 1, len(types))
-        kjob = self._kjob
-        for job in [j for j in jobs if (c := kjob.get(j.key)) is None or c[0] is not j or c[1] != j.gpus]:
-            spec, k = job.spec, job.key
+        store = self._rows
+        made = store.made
+        for job, r in zip(jobs, rows.tolist()):
+            c = made.get(job.job_id)
+            if c is not None and c[0] is job and c[1] == job.gpus:
+                continue
+            spec = job.spec
             allowed = spec.gpu_types
             row = np.array([0.0 if allowed and t not in allowed else thr_of.of(spec, t, job.gpus, dp_only=True)
                             for t in types])
-            r = float(row[types.index(spec.gpu_type)]) if spec.gpu_type in types else 0.0
-            self._kthr[k], self._kref[k], self._kgpus[k], self._ksubmit[k] = (
-                row, r if r > 0 else float(row.max()), job.gpus, spec.submit_time)
-            kjob[k] = (job, job.gpus)
-        return self._kthr[ks], self._kref[ks]
+            ref = float(row[types.index(spec.gpu_type)]) if spec.gpu_type in types else 0.0
+            store.thr[r], store.ref[r], store.gpus[r], store.submit[r] = (
+                row, ref if ref > 0 else float(row.max()), job.gpus, spec.submit_time)
+            made[job.job_id] = (job, job.gpus)
+        return store.thr[rows], store.ref[rows]
 
     @staticmethod
     def _capacity(ctx: SchedulingContext) -> np.ndarray:
@@ -176,22 +225,18 @@ class Gavel:
         what jobs no longer in the system received."""
         now = ctx.now
         running = list(ctx.running.values())
+        self._throughputs(ctx)  # the rows' columns are the topology's GPU types
+        store = self._rows
         if self._last_now is not None and now > self._last_now and running:
-            types = len(ctx.topology.gpu_types)
-            ks = np.fromiter((j.key for j in running), np.intp, len(running))
+            rows = store.rows(running)
             first = np.fromiter((j.allocation.nodes[0] for j in running), np.intp,  # type: ignore[union-attr]
                                 len(running))
-            self._grow(int(ks.max()) + 1, types)
-            self._krecv[ks, ctx.topology.node_type[first]] += now - self._last_now
+            store.recv[rows, ctx.topology.node_type[first]] += now - self._last_now
         self._last_now = now
-        live = {j.key for j in running}
-        live.update(j.key for j in ctx.pending.values())
-        gone = list(self._live - live)
+        pending, running_ids = ctx.pending, ctx.running
+        gone = {jid for jid in store.row if jid not in running_ids and jid not in pending}
         if gone:
-            self._krecv[gone] = 0.0
-            for k in gone:
-                self._kjob.pop(k, None)
-        self._live = live
+            store.release(gone)
 
     @property
     def last_allocation(self) -> dict[str, dict[str, float]]:
@@ -230,10 +275,11 @@ class Gavel:
         if not full and not ctx.pending:
             return []
         types = ctx.topology.gpu_types
-        ks = np.fromiter((j.key for j in jobs), np.intp, len(jobs))
-        thr, ref = self._matrix(ctx, jobs, ks)
+        order = np.fromiter((j.key for j in jobs), np.intp, len(jobs))  # submission order: ties only
+        rows = self._rows.rows(jobs)
+        thr, ref = self._matrix(ctx, jobs, rows)
         capacity = self._capacity(ctx)
-        gpus = self._kgpus[ks]
+        gpus = self._rows.gpus[rows]
         fits = (thr > 0) & (gpus[:, None] <= capacity[None, :])
         self._last = (jobs, types, thr, gpus, capacity, ref, None)
         if not full and not self._can_start(ctx, jobs, gpus, fits):  # the LP could not change that
@@ -242,14 +288,14 @@ class Gavel:
         x = solve_allocation(thr, gpus, capacity, self.objective, ref, self._lp)
         self._last = self._last[:-1] + (x,)
         norm = np.divide(thr, ref[:, None], out=np.zeros_like(thr), where=ref[:, None] > 0)
-        in_system = np.maximum(now - self._ksubmit[ks], self.round_s)
-        prio = x / (self._krecv[ks] / in_system[:, None] + EPS)
+        in_system = np.maximum(now - self._rows.submit[rows], self.round_s)
+        prio = x / (self._rows.recv[rows] / in_system[:, None] + EPS)
         # pairs (i, k) by (x > 1e-6, prio, x, norm) descending, then job key, then type order
         fi, fk = np.nonzero(fits)
         xs = x[fi, fk]
-        rank = np.lexsort((ks[fi], -norm[fi, fk], -xs, -prio[fi, fk], -(xs > 1e-6).astype(float)))
+        rank = np.lexsort((order[fi], -norm[fi, fk], -xs, -prio[fi, fk], -(xs > 1e-6).astype(float)))
         pairs = list(zip(fi[rank].tolist(), fk[rank].tolist()))
-        decisions = (self._round(ctx, jobs, ks, pairs, int((xs > 1e-6).sum()), x, norm, fits) if full
+        decisions = (self._round(ctx, jobs, order, pairs, int((xs > 1e-6).sum()), x, norm, fits) if full
                      else self._fill(ctx, jobs, pairs, x))
         if full:
             self._next_round = now + self.round_s
@@ -311,7 +357,7 @@ class Gavel:
                                                          f"(X={x[i, k]:.2f})"))
         return out
 
-    def _round(self, ctx: SchedulingContext, jobs: list[Job], keys: np.ndarray, pairs: list[tuple[int, int]],
+    def _round(self, ctx: SchedulingContext, jobs: list[Job], order: np.ndarray, pairs: list[tuple[int, int]],
                positive: int, x: np.ndarray, norm: np.ndarray, fits: np.ndarray) -> list[Decision]:
         """A full round; `pairs[:positive]` are the pairs with X > 1e-6 (they sort first)."""
         topo = ctx.topology
@@ -326,7 +372,7 @@ class Gavel:
         rest = fits.copy()
         rest[list(chosen)] = False
         li, lk = np.nonzero(rest)
-        by_norm = np.lexsort((keys[li], -norm[li, lk]))  # normalised throughput descending, then job key
+        by_norm = np.lexsort((order[li], -norm[li, lk]))  # normalised throughput descending, then submission
         smallest = min(gpus)
         for i, k in zip(li[by_norm].tolist(), lk[by_norm].tolist()):  # work conservation on GPUs the LP leaves unused
             if i not in chosen and gpus[i] <= left[k]:

@@ -4,16 +4,12 @@ GPUs and give them back when an owner needs its quota.
 
 Rules
 -----
-* **Which jobs are best-effort.** A job is best-effort when
-  `spec.preemptible` is True **or** its `spec.job_class` is one of
-  `best_effort_classes` (default: eval and debug, Acme's short, restartable
-  jobs). Every other job is *guaranteed*.
-* **Quotas.** `quotas` maps VC name → guaranteed GPUs, or `quota_file` names a
-  YAML file holding that mapping (optionally under a top-level `quotas:` key);
-  exactly one of the two is required. A VC not listed (including jobs without
-  a VC) gets `default_quota` (0 unless set). Quotas are counted in GPUs of any
-  type and are not checked against the cluster size (oversubscribed quotas
-  are allowed; a guarantee then only holds while capacity lasts).
+* **Which jobs are best-effort, and the quotas** (`quotas` or `quota_file`,
+  exactly one; `default_quota`; `best_effort_classes`): the workload's
+  entitlements, defined in `loom.workload.quotas` (shared with the fairness
+  report). Quotas are counted in GPUs of any type and are not checked against
+  the cluster size (oversubscribed quotas are allowed; a guarantee then only
+  holds while capacity lasts).
 * **Guaranteed jobs** of VC *v* start only while *v*'s guaranteed usage plus
   the job's GPUs stay within *v*'s quota. Within a VC they start in order
   (`order`: "fcfs" = submit order, "priority" = higher `spec.priority`
@@ -39,22 +35,16 @@ Rules
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from pathlib import Path
-from typing import Any
-
-import yaml
+from collections.abc import Iterable
 
 from loom.core.context import SchedulingContext
 from loom.core.decisions import Decision
 from loom.core.jobs import Job
 from loom.core.protocols import POLICIES
 from loom.core.round import RoundPlan
-from loom.errors import LoomInputError
 from loom.policies import params
-from loom.workload.job import JobClass, JobSpec
+from loom.workload.quotas import DEFAULT_BEST_EFFORT_CLASSES, quota_entitlements
 
-DEFAULT_BEST_EFFORT_CLASSES = ("eval", "debug")
 ORDERS = ("fcfs", "priority")
 
 
@@ -66,66 +56,6 @@ def vc_label(vc: str | None) -> str:
     return "(none)" if vc is None else str(vc)
 
 
-def check_quota_value(value: Any, field: str, source: str | None = None) -> int:
-    """A VC quota: whole GPUs ≥ 0. Not `params.integer`: quotas also come from files and
-    reports, so the error names the file (`source`) and says what a quota is."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise LoomInputError(f"a quota must be a whole number of GPUs, got {value!r}", source=source, field=field)
-    if value < 0:
-        raise LoomInputError(f"a quota cannot be negative, got {value}", source=source, field=field)
-    return value
-
-
-def parse_quotas(quotas: Any, field: str = params.field("quotas"), source: str | None = None) -> dict[str, int]:
-    """VC → guaranteed GPUs, checked: a mapping of names to whole numbers ≥ 0.
-
-    Keys are turned into strings (YAML reads a VC named 103959 as a number).
-    """
-    if not isinstance(quotas, Mapping):
-        raise LoomInputError(f"quotas must be a mapping of VC name to GPUs, got {type(quotas).__name__}",
-                             source=source, field=field)
-    return {str(vc): check_quota_value(gpus, f"{field}.{vc}", source) for vc, gpus in quotas.items()}
-
-
-def load_quota_file(path: str | Path) -> dict[str, int]:
-    """Quotas from YAML: `{vc: gpus, ...}` or `{quotas: {vc: gpus, ...}}`."""
-    source = str(path)
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise LoomInputError(f"cannot read quota file: {exc.strerror}", source=source,
-                             field=params.field("quota_file")) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise LoomInputError(f"invalid YAML: {getattr(exc, 'problem', exc)}", source=source,
-                             line=mark.line + 1 if mark is not None else None) from None
-    if isinstance(data, dict) and set(data) == {"quotas"}:
-        return parse_quotas(data["quotas"], "quotas", source)
-    return parse_quotas(data if data is not None else {}, "quotas", source)
-
-
-def best_effort_rule(best_effort_classes: Iterable[str] | None = DEFAULT_BEST_EFFORT_CLASSES):
-    """The predicate `spec -> bool`: preemptible, or of a best-effort job class."""
-    if best_effort_classes is None:
-        best_effort_classes = ()
-    if isinstance(best_effort_classes, str):
-        best_effort_classes = (best_effort_classes,)
-    known = {c.value for c in JobClass}
-    classes = set()
-    for name in best_effort_classes:
-        value = name.value if isinstance(name, JobClass) else name
-        if value not in known:
-            raise LoomInputError(f"unknown job class {name!r} (known: {', '.join(sorted(known))})",
-                                 field=params.field("best_effort_classes"))
-        classes.add(value)
-    frozen = frozenset(classes)
-
-    def is_best_effort(spec: JobSpec) -> bool:
-        return spec.preemptible or getattr(spec.job_class, "value", spec.job_class) in frozen
-
-    return is_best_effort
-
-
 @POLICIES.register("quota")
 class QuotaPolicy:
     name = "quota"
@@ -133,19 +63,17 @@ class QuotaPolicy:
     def __init__(self, quotas: dict[str, int] | None = None, quota_file: str | None = None,
                  default_quota: int = 0, best_effort_classes: list[str] | tuple[str, ...] | None =
                  DEFAULT_BEST_EFFORT_CLASSES, order: str = "fcfs") -> None:
-        if quotas is not None and quota_file is not None:
-            raise LoomInputError("give quotas or quota_file, not both", field=params.field("quotas"))
-        if quotas is None and quota_file is None:
-            raise LoomInputError("the quota policy needs per-VC quotas: set quotas ({vc: gpus}) or quota_file",
-                                 field=params.field("quotas"))
-        self.quotas = parse_quotas(quotas) if quotas is not None else load_quota_file(quota_file)  # type: ignore[arg-type]
-        self.default_quota = check_quota_value(default_quota, params.field("default_quota"))
-        self.is_best_effort = best_effort_rule(best_effort_classes)
+        self.entitlements = quota_entitlements({"quotas": quotas, "quota_file": quota_file,
+                                                "default_quota": default_quota,
+                                                "best_effort_classes": best_effort_classes})
+        self.quotas = self.entitlements.quotas
+        self.default_quota = self.entitlements.default_quota
+        self.is_best_effort = self.entitlements.is_best_effort
         self.order = params.choice(order, "order", ORDERS)
 
     # ------------------------------------------------------------ queries
     def quota_of(self, vc: str | None) -> int:
-        return self.quotas.get(vc, self.default_quota) if vc is not None else self.default_quota
+        return self.entitlements.quota_of(vc)
 
     def _sort_key(self, job: Job) -> tuple[int, ...]:
         return (-job.spec.priority, job.key) if self.order == "priority" else (job.key,)

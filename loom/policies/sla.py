@@ -3,18 +3,12 @@ resizable, and a job's tier says how much of its request it is guaranteed.
 
 Rules as built here
 -------------------
-* **Tiers.** `premium`, `standard`, `basic` guarantee a fraction of the job's
-  requested GPUs: by default 1.0, 0.5 and 0.0 (best effort). A job's tier comes
-  from `tier_by`: `priority` (default: ≥ 2 premium, 1 standard, ≤ 0 basic),
-  `job_class` or `vc`; `tiers_map` maps values of that field to tiers (for
-  `priority` its keys are priorities and override the thresholds); unmapped
-  values get `default_tier`.
-* **Sizes.** A job never runs below `min_devices` of its plan (its own, else
-  `default_plan(request)`: ZeRO shards and model-parallel shards need their own
-  device, Singularity §5.4). Valid sizes are the multiples of that minimum up to
-  the request, plus the request; resizing keeps the logical world size (fewer
-  GPUs = time-slicing, proportionally slower). A tier's guarantee in GPUs is
-  the smallest valid size ≥ fraction × request (0 when the fraction is 0).
+* **Tiers and sizes** (`premium`, `standard`, `basic`, `tier_by`, `tiers_map`,
+  `default_tier`): the workload's entitlements, defined in `loom.workload.tiers`
+  (shared with the SLA-attainment report): each tier guarantees a fraction of
+  the request, rounded up to a valid size (multiples of the job's minimum
+  device count, plus the request); resizing keeps the logical world size
+  (fewer GPUs = time-slicing, proportionally slower).
 * **Step 1, guarantees.** Pending jobs in tier order (premium → standard →
   basic), FIFO within a tier, start at their request if it fits, else at the
   largest valid size ≥ their guarantee that fits. A job with a guarantee that
@@ -42,9 +36,8 @@ preemption, no elasticity" control of the same policy).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from loom.core.context import SchedulingContext
@@ -53,73 +46,13 @@ from loom.core.jobs import Job
 from loom.core.plan import ParallelPlan
 from loom.core.protocols import POLICIES
 from loom.core.round import RoundPlan
-from loom.errors import LoomInputError
 from loom.hardware.state import Allocation
-from loom.perf.interruptions import InterruptionModel, default_plan
 from loom.policies import params
 from loom.policies.elastic_common import place_on
 from loom.workload.job import JobSpec
-
-TIERS = ("premium", "standard", "basic")  # highest first: a tier's rank is its index
-TIER_BY = ("priority", "job_class", "vc")
-_MODEL = InterruptionModel()
-
+from loom.workload.tiers import TIERS, TierRule, min_devices, tier_rule, valid_sizes
 
 TIME_EPS = 1e-6  # a deferred growth is due at its time despite float rounding (else: a Timer at `now`)
-
-
-def min_devices(spec: JobSpec, plan: ParallelPlan | None = None) -> int:
-    """Fewest devices the job can be time-sliced onto (never more than its request)."""
-    return max(1, min(spec.gpus, _MODEL.min_devices(plan or default_plan(spec.gpus))))
-
-
-def valid_sizes(spec: JobSpec, plan: ParallelPlan | None = None) -> list[int]:
-    """Multiples of the minimum size up to the request, plus the request; ascending."""
-    step = min_devices(spec, plan)
-    return sorted({*range(step, spec.gpus + 1, step), spec.gpus})
-
-
-@dataclass(frozen=True)
-class TierRule:
-    """Which tier a job is in and how many GPUs that guarantees it."""
-
-    fractions: Mapping[str, float] = field(default_factory=lambda: {"premium": 1.0, "standard": 0.5, "basic": 0.0})
-    tier_by: str = "priority"
-    tiers_map: Mapping[Any, str] | None = None
-    default_tier: str = "basic"
-
-    def __post_init__(self) -> None:
-        for tier in TIERS:
-            params.number(self.fractions.get(tier), tier, low=0, high=1)
-        params.choice(self.tier_by, "tier_by", TIER_BY)
-        params.choice(self.default_tier, "default_tier", TIERS)
-        if self.tiers_map is not None:
-            if not isinstance(self.tiers_map, Mapping):
-                raise LoomInputError(f"must be a mapping of values to tiers, got {self.tiers_map!r}",
-                                     field=params.field("tiers_map"))
-            for key, tier in self.tiers_map.items():
-                params.choice(tier, f"tiers_map.{key}", TIERS)
-
-    def tier(self, spec: JobSpec) -> str:
-        mapping = self.tiers_map or {}
-        if self.tier_by == "priority":
-            p = spec.priority
-            if p in mapping or str(p) in mapping:
-                return mapping.get(p) or mapping[str(p)]
-            return "premium" if p >= 2 else "standard" if p == 1 else "basic"
-        value = spec.job_class.value if self.tier_by == "job_class" else spec.vc
-        return mapping.get(value, self.default_tier)
-
-    def rank(self, spec: JobSpec) -> int:
-        return TIERS.index(self.tier(spec))
-
-    def guarantee(self, spec: JobSpec, plan: ParallelPlan | None = None) -> int:
-        """GPUs the job's tier guarantees: the smallest valid size ≥ fraction × request."""
-        want = self.fractions[self.tier(spec)] * spec.gpus
-        if want <= 0:
-            return 0
-        need = math.ceil(want - 1e-9)
-        return next(s for s in valid_sizes(spec, plan) if s >= need)
 
 
 class _Facts:
@@ -146,9 +79,8 @@ class SlaTiers:
                  tier_by: str = "priority", tiers_map: Mapping[Any, str] | None = None,
                  default_tier: str = "basic", min_resize_interval_s: float = 300.0, pause_s: float = 0.0,
                  elastic: bool = True) -> None:
-        fractions = {"premium": premium, "standard": standard, "basic": basic}
-        self.rule = TierRule(fractions, tier_by, dict(tiers_map) if isinstance(tiers_map, Mapping) else tiers_map,
-                             default_tier)
+        self.rule = tier_rule({"premium": premium, "standard": standard, "basic": basic, "tier_by": tier_by,
+                               "tiers_map": tiers_map, "default_tier": default_tier})
         self.min_resize_interval_s = params.number(min_resize_interval_s, "min_resize_interval_s", low=0)
         self.pause_s = params.number(pause_s, "pause_s", low=0)
         # False: tiers only order the queue; jobs start at full size and are never shrunk or preempted
@@ -406,8 +338,3 @@ def shrink_in_place(old: Allocation, size: int) -> Allocation:
         gpus.append(take)
         left -= take
     return Allocation(tuple(nodes), tuple(gpus))
-
-
-def tier_rule_of(source: SlaTiers | TierRule) -> TierRule:
-    return source.rule if isinstance(source, SlaTiers) else source
-

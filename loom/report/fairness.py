@@ -1,4 +1,4 @@
-"""Per-VC fairness of a finished run under GPU quotas (see `loom.policies.quota`).
+"""Per-VC fairness of a finished run under GPU quotas (`loom.workload.quotas`).
 
 For each VC (every VC named in `quotas` plus every VC a job belongs to; jobs
 without a VC are grouped under `vc = None`), `vc_fairness` reports:
@@ -6,8 +6,9 @@ without a VC are grouped under `vc = None`), `vc_fairness` reports:
 * `quota` — guaranteed GPUs (`default_quota` for VCs not in `quotas`);
   `quota_share` — its fraction of all quotas.
 * `guaranteed_gpu_seconds` / `best_effort_gpu_seconds` — GPU-seconds its
-  guaranteed and best-effort jobs held (a job is best-effort by the same rule
-  as the policy: preemptible, or of a class in `best_effort_classes`);
+  guaranteed and best-effort jobs held (a job is best-effort by the rule of
+  `loom.workload.quotas`, as the policy: preemptible, or of a class in
+  `best_effort_classes`);
   `guaranteed_share` — its fraction of all guaranteed GPU-seconds, to compare
   with `quota_share`.
 * `entitled_gpu_seconds` = quota × makespan (the run's first arrival to the
@@ -32,14 +33,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from loom.policies.quota import (
+from loom.sim.engine import SimulationResult
+from loom.workload.job import JobSpec
+from loom.workload.quotas import (
     DEFAULT_BEST_EFFORT_CLASSES,
     best_effort_rule,
     check_quota_value,
     parse_quotas,
 )
-from loom.sim.engine import SimulationResult
-from loom.workload.job import JobSpec
 
 
 def jain_index(values: Iterable[float]) -> float:
@@ -59,7 +60,7 @@ def vc_fairness(result: SimulationResult, quotas: Mapping[str, int], *, default_
     """One row per VC (sorted by name, None last); see the module docstring for the fields."""
     quotas = parse_quotas(quotas, "quotas")
     default_quota = check_quota_value(default_quota, "default_quota")
-    best_effort = is_best_effort or best_effort_rule(best_effort_classes)
+    best_effort = is_best_effort or best_effort_rule(best_effort_classes, "best_effort_classes")
     makespan = max(0.0, result.end_time - result.start_time)
     rows: dict[str | None, dict] = {}
 
