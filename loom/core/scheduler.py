@@ -253,11 +253,12 @@ class Scheduler:
         ctx.starting[job_id] = job
         ticket = self._next_ticket = self._next_ticket + 1  # _send, inlined: every job passes here
         self._inflight[ticket] = d
-        self._launch[job_id] = ticket
-        if not ran_before:
-            self._first_launch.add(job_id)
         self.backend.apply(d, ticket, at)
-        if job.state is STARTING:  # a launch under way: its GPUs come back no sooner than its work is done
+        if job.state is STARTING and job.allocation is d.allocation:  # not up yet: a launch under way
+            self._launch[job_id] = ticket
+            if not ran_before:
+                self._first_launch.add(job_id)
+            # its GPUs come back no sooner than its work is done
             ctx.releases.add(job.key, at + ctx.runtime_estimate(job), d.allocation.total)
         if ctx.reservations:
             for rid in [r.reservation_id for r in ctx.reservations.values() if r.for_job == job_id]:
@@ -337,8 +338,9 @@ class Scheduler:
             return
         ctx = self.ctx
         del ctx.starting[job_id]
-        del self._launch[job_id]
-        self._first_launch.discard(job_id)
+        if self._launch:  # a launch that did not come up at once
+            self._launch.pop(job_id, None)
+            self._first_launch.discard(job_id)
         job.setup_s += at - job.last_start  # type: ignore[operator]
         job.state = RUNNING
         self._log(at, job.key, STARTING, RUNNING, "JobStarted")
@@ -475,7 +477,8 @@ class Scheduler:
         job = self.jobs[d.job_id]  # type: ignore[union-attr]
         self.record.failed_decisions.append((ev.at, d, ev.reason))
         if isinstance(d, (Start, Resume)):
-            if self._launch.get(job.job_id) == ev.ticket and job.state is S.STARTING:
+            # the launch under way (or one answered before `apply` returned), not an older one
+            if job.state is S.STARTING and self._launch.get(job.job_id, ev.ticket) == ev.ticket:
                 self._launch_failed(job, ev.at, ev.reason)
         elif job.state is S.RUNNING:  # a move or stop that broke half-way: the job is gone
             self._on_failed(JobFailed(job.job_id, ev.at, f"{type(d).__name__} failed: {ev.reason}"))
