@@ -151,11 +151,12 @@ def run(config: SimConfig, progress_factory: Callable[[Simulation], Callable[[fl
     result = sim.run(progress_factory(sim) if progress_factory else None)
     stats = summary(result)
     stats.update(_policy_stats(result.record))
-    if getattr(sim.policy, "quotas", None) is not None:  # per-VC fairness of a quota run
+    if config.policy.name == "quota":  # per-VC fairness of a quota run, from the config's entitlements
         from loom.report.fairness import fairness_index, vc_fairness
+        from loom.workload.quotas import quota_entitlements
 
-        rows = vc_fairness(result, sim.policy.quotas, default_quota=sim.policy.default_quota,
-                           is_best_effort=sim.policy.is_best_effort)
+        ent = quota_entitlements(config.policy.params)
+        rows = vc_fairness(result, ent.quotas, default_quota=ent.default_quota, is_best_effort=ent.is_best_effort)
         stats["quota_jain_index"] = fairness_index(rows)
         stats["quota_per_vc"] = rows
     stats["setup_wall_s"] = setup_s

@@ -234,7 +234,9 @@ class Gavel:
             store.recv[rows, ctx.topology.node_type[first]] += now - self._last_now
         self._last_now = now
         pending, running_ids = ctx.pending, ctx.running
-        gone = {jid for jid in store.row if jid not in running_ids and jid not in pending}
+        # a job launching, stopping or recovering is still in the system: it keeps its history
+        gone = {jid for jid in store.row if jid not in running_ids and jid not in pending
+                and jid not in ctx.starting and jid not in ctx.stopping and jid not in ctx.held}
         if gone:
             store.release(gone)
 
