@@ -127,7 +127,9 @@ HANG_CASES = [
 
 @pytest.mark.parametrize(("fmt", "text", "query", "suffix"), HANG_CASES)
 def test_huge_counts_fail_fast(tmp_path, fmt, text, query, suffix):
-    """Huge node counts must end (a result or a located error) within a second, not hang."""
+    """Huge node counts must end (a result or a located error), not hang. The limit only catches a
+    hang or a blow-up: it is far above the few milliseconds a refusal takes, so a busy machine
+    (the test suite shares two cores) cannot make it fail."""
     import signal
 
     path = tmp_path / f"c{suffix}"
@@ -137,7 +139,7 @@ def test_huge_counts_fail_fast(tmp_path, fmt, text, query, suffix):
         raise _TookTooLong
 
     old = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, 1.0)
+    signal.setitimer(signal.ITIMER_REAL, 30.0)
     try:
         _load_cluster(f"{fmt}:{path}{query}")
     except LoomInputError as err:
