@@ -44,13 +44,21 @@ class TransitionLog:
         self._events: list[str] = []
         self._event_ids: dict[str, int] = {}
 
-    def add(self, at: float, key: int, old: JobState, new: JobState, event: str) -> None:
+    def event_id(self, event: str) -> int:
         eid = self._event_ids.get(event)
         if eid is None:
             eid = self._event_ids[event] = len(self._events)
             self._events.append(event)
+        return eid
+
+    def add(self, at: float, key: int, old: JobState, new: JobState, event: str) -> None:
         self.at.append(at)
-        self.code.append(key << 32 | eid << 8 | old << 4 | new)
+        self.code.append(key << 32 | self.event_id(event) << 8 | old << 4 | new)
+
+    def coder(self, old: JobState, new: JobState, event: str) -> tuple[object, object, int]:
+        """For the hot loop: (append time, append code, the code without its key) of one fixed transition,
+        so recording it is two appends: `at(t); code(key << 32 | rest)`."""
+        return self.at.append, self.code.append, self.event_id(event) << 8 | old << 4 | new
 
     def __len__(self) -> int:
         return len(self.at)

@@ -80,6 +80,11 @@ class Scheduler:
                                      runtime_estimate=runtime_estimate or spec_runtime)
         self.record = RunRecord(log_decisions)
         self._log = self.record.transitions.add
+        coder = self.record.transitions.coder  # the transitions every job makes, pre-coded
+        self._at, self._code, self._started_code = coder(STARTING, RUNNING, "JobStarted")
+        self._finished_code = coder(RUNNING, FINISHED, "JobFinished")[2]
+        self._start_code = {(s, r): coder(s, STARTING, "resume decision" if r else "start decision")[2]
+                            for s in _STARTABLE for r in (False, True)}
         self.jobs: dict[str, Job] = {}
         self.rejected: dict[str, str] = {}
         self.busy_gpu_seconds = 0.0
@@ -246,7 +251,8 @@ class Scheduler:
         ran_before = job.first_start is not None
         old = job.state
         job.state = STARTING  # _to, inlined (every job passes here): all of _STARTABLE may go to STARTING
-        self._log(at, job.key, old, STARTING, "resume decision" if ran_before else "start decision")
+        self._at(at)
+        self._code(job.key << 32 | self._start_code[old, ran_before])
         job.allocation, job.plan, job.held_since, job.last_start = d.allocation, d.plan, at, at
         if not ran_before:
             job.first_start = at
@@ -343,7 +349,8 @@ class Scheduler:
             self._first_launch.discard(job_id)
         job.setup_s += at - job.last_start  # type: ignore[operator]
         job.state = RUNNING
-        self._log(at, job.key, STARTING, RUNNING, "JobStarted")
+        self._at(at)
+        self._code(job.key << 32 | self._started_code)
         ctx.running[job_id] = job
         if ev.rate is not None:
             job.rate = ev.rate
@@ -409,7 +416,8 @@ class Scheduler:
             job.state, job.end_time, job.rate = FINISHED, at, 0.0
             if ev.progress is not None:
                 job.progress = ev.progress
-            self._log(at, job.key, RUNNING, FINISHED, "JobFinished")
+            self._at(at)
+            self._code(job.key << 32 | self._finished_code)
         elif old is STOPPING:
             del self.ctx.stopping[job.job_id]  # type: ignore[union-attr]
             self._cancelling.discard(job.job_id)  # type: ignore[union-attr]

@@ -166,7 +166,9 @@ class Simulation:
         next_progress = PROGRESS_EVERY
         now = jobs[0].spec.submit_time if jobs else 0.0
         start_time = now
-        finish_due, observe = backend.finish_due, core.observe
+        finish_due, observe, submit, issue = backend.finish_due, core.observe, core.submit, core.issue
+        schedule, clock, round_seconds, round_queue = self.policy.schedule, time.perf_counter, \
+            core.round_seconds, core.round_queue
         while True:
             next_arrival = jobs[cursor].spec.submit_time if cursor < n else inf
             now = heap[0][0] if heap and heap[0][0] < next_arrival else next_arrival
@@ -188,13 +190,22 @@ class Simulation:
                 dirty = True
                 handled += 1
             while cursor < n and jobs[cursor].spec.submit_time == now:
-                self._arrive(jobs[cursor], now)
+                job = jobs[cursor]
+                if job.spec.duration is None:
+                    self._no_duration(job, now)
+                else:
+                    submit(job, now)
                 cursor += 1
                 handled += 1
                 dirty = True
             if dirty:
-                decisions = core.round(now)
+                # core.round(now), inlined: it runs at every instant something happened
+                tick = clock()
+                decisions = schedule(ctx)
+                round_seconds.append(clock() - tick)
+                round_queue.append(len(ctx.pending))
                 if decisions:
+                    issue(decisions, now)
                     if followup_at != now:
                         followup_at, followups = now, 0
                     if followups < MAX_FOLLOWUPS and any(type(d) in FREES_CAPACITY for d in decisions):
@@ -227,14 +238,12 @@ class Simulation:
         )
 
     # -------------------------------------------------------------- handlers
-    def _arrive(self, job: Job, now: float) -> None:
+    def _no_duration(self, job: Job, now: float) -> None:
+        """Nothing to simulate: the trace states work, not time."""
         spec = job.spec
-        if spec.duration is None:  # nothing to simulate: the trace states work, not time
-            self.core.reject(job, f"no duration: the trace gives work (model '{spec.model}', {spec.iterations} "
-                                  "iterations); use a speed model that derives time from work, "
-                                  "e.g. --speed-model estimator", now)
-            return
-        self.core.submit(job, now)
+        self.core.reject(job, f"no duration: the trace gives work (model '{spec.model}', {spec.iterations} "
+                              "iterations); use a speed model that derives time from work, "
+                              "e.g. --speed-model estimator", now)
 
     def _world(self, kind: int, payload: object, now: float) -> bool:
         """Carry out a world event; False if it turned out stale (nothing happened)."""
