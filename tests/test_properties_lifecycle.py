@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 from simharness import PROPERTY_SETTINGS, Scenario, _time_tol, scenarios, simulate, type_capacity
 
@@ -90,8 +90,19 @@ def test_async_lifecycle_invariants(case) -> None:
     _check(case)
 
 
-@pytest.mark.slow
-@settings(PROPERTY_SETTINGS, max_examples=10_000)
-@given(async_cases())
-def test_async_lifecycle_invariants_ten_thousand_cases(case) -> None:
-    _check(case)
+def _slow_part(part: int):
+    """One of four tests of 2,500 cases each (10,000 in all), each from its own seed, so the slow
+    tier's workers share them."""
+    @pytest.mark.slow
+    @seed(part)
+    @settings(PROPERTY_SETTINGS, max_examples=2_500, derandomize=False)
+    @given(async_cases())
+    def test(case) -> None:
+        _check(case)
+
+    test.__name__ = f"test_async_lifecycle_invariants_ten_thousand_cases_part{part}"
+    return test
+
+
+for _part in range(4):
+    globals()[f"test_async_lifecycle_invariants_ten_thousand_cases_part{_part}"] = _slow_part(_part)
