@@ -95,7 +95,7 @@ class Scheduler:
         self._launch: dict[str, int] = {}  # job → ticket of its launch under way
         self._cancelling: set[str] = set()
         self._next_ticket = 0
-        self._capacity: dict[tuple[str | None, ...], int] = {}
+        self._capacity: dict[tuple[str, ...] | str | None, int] = {}
         self.recovery = None
         if recovery is not None:
             from loom.core.recovery import Recovery
@@ -149,11 +149,13 @@ class Scheduler:
             return False
         self.ctx.announced.pop(job.job_id, None)
         spec = job.spec
-        kinds = spec.gpu_types or (spec.gpu_type,)
-        capacity = self._capacity.get(kinds)
+        key = spec.gpu_types or spec.gpu_type  # the cache key: no tuple built per job
+        capacity = self._capacity.get(key)
         if capacity is None:
-            capacity = self._capacity[kinds] = max(self.topology.max_gpus_of_type(k) for k in kinds)
+            kinds = spec.gpu_types or (spec.gpu_type,)
+            capacity = self._capacity[key] = max(self.topology.max_gpus_of_type(k) for k in kinds)
         if spec.gpus > capacity:
+            kinds = spec.gpu_types or (spec.gpu_type,)
             pool = (f"{'/'.join(k for k in kinds if k)} GPUs of one type" if kinds != (None,)
                     else "GPUs of one type (jobs never span types)")
             self.reject(job, f"asks for {spec.gpus} GPUs; the cluster has at most {capacity} {pool}", at)

@@ -195,7 +195,8 @@ class SimBackend:
         if self.version[key] != due.version or key not in self.running:
             return False
         job = self.jobs[key]
-        self._end_segment(job, now, "finish")
+        if self.interruptions is not None:
+            self._end_segment(job, now, "finish")
         self._settle(job, now)
         self.remaining_work[key] = 0.0
         del self.running[key]
