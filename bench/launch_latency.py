@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import shlex
 import sys
 import time
@@ -39,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from benchinfo import machine
 
 from loom.core.decisions import Resume, Start
 from loom.core.lifecycle import JobState
@@ -56,19 +55,6 @@ CLASS_ORDER = [c.value for c in JobClass]
 # as reliability.py elasticity: evaluation and pretraining premium, the rest basic
 SLA_TIERS = {"tier_by": "job_class", "tiers_map": {"eval": "premium", "pretrain": "premium"},
              "default_tier": "basic"}
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        info = Path("/proc/cpuinfo").read_text().splitlines()
-        cpu = next((x.split(":", 1)[1].strip() for x in info if x.startswith("model name")), cpu)
-        meminfo = Path("/proc/meminfo").read_text().splitlines()
-        mem = next(int(x.split()[1]) for x in meminfo if x.startswith("MemTotal")) / 2**20
-    except (OSError, StopIteration):
-        mem = float("nan")
-    return (f"{cpu}, {os.cpu_count()} cores, {mem:.1f} GiB RAM, {platform.system()} "
-            f"{platform.release().split('-')[0]}, CPython {platform.python_version()}")
 
 
 def policy(name: str) -> Any:

@@ -22,14 +22,14 @@ Markdown tables go to stdout (pasteable into docs/BENCHMARKS.md); progress to st
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import shutil
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchinfo import machine as _machine
 
 from loom.errors import LoomInputError
 from loom.hardware.clos import clos
@@ -59,16 +59,7 @@ def table(header: list[str], rows: list[list[object]], align: str = "") -> None:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        info = Path("/proc/cpuinfo").read_text().splitlines()
-        cpu = next((x.split(":", 1)[1].strip() for x in info if x.startswith("model name")), cpu)
-        meminfo = Path("/proc/meminfo").read_text().splitlines()
-        mem = next(int(x.split()[1]) for x in meminfo if x.startswith("MemTotal")) / 2**20
-    except (OSError, StopIteration):
-        mem = float("nan")
-    return (f"Machine: {cpu}, {os.cpu_count()} cores, {mem:.1f} GiB RAM, {platform.system()} "
-            f"{platform.release().split('-')[0]}, CPython {platform.python_version()}, no GPU.")
+    return f"Machine: {_machine()}, no GPU."
 
 
 # -- 1. quality: Table 1 ------------------------------------------------------------
