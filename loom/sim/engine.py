@@ -148,7 +148,7 @@ class Simulation:
         # The loop allocates millions of short-lived events and decisions and few cycles: collect
         # young objects less often (restored afterwards; the run creates no reference cycles of its own).
         thresholds = gc.get_threshold()
-        gc.set_threshold(max(thresholds[0], 20_000), *thresholds[1:])
+        gc.set_threshold(max(thresholds[0], 200_000), *thresholds[1:])
         try:
             return self._run(progress)
         finally:
