@@ -37,6 +37,14 @@ from loom.hardware.topology import Topology
 EventSink = Callable[[Event], None]
 
 
+def handler_for(sink: EventSink, event_type: type) -> EventSink:
+    """What to call for events of one type: the sink's own handler when it offers a table of them
+    (the core's sink does; calling it directly saves a dispatch per event in a hot loop), else the
+    sink itself. Same effect either way; a harness that wraps the sink gets every event."""
+    handlers = getattr(sink, "handlers", None)
+    return handlers.get(event_type, sink) if isinstance(handlers, dict) else sink
+
+
 @dataclass(frozen=True, slots=True)
 class Inventory:
     """The nodes a backend can run jobs on, at one generation."""

@@ -14,12 +14,20 @@ from loom.core.plan import ParallelPlan
 from loom.hardware.state import Allocation
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Start:
     job_id: str
     allocation: Allocation
     reason: str
     plan: ParallelPlan | None = None
+
+    def __init__(self, job_id: str, allocation: Allocation, reason: str, plan: ParallelPlan | None = None) -> None:
+        # through the slots' own setters: the generated frozen `__init__` goes through
+        # `object.__setattr__`, which costs twice as much per field (every start builds one)
+        _start_job_id(self, job_id)
+        _start_allocation(self, allocation)
+        _start_reason(self, reason)
+        _start_plan(self, plan)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +38,7 @@ class Preempt:
     reason: str
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Resume:
     """Restart a preempted job (possibly elsewhere) from its saved progress."""
 
@@ -38,6 +46,12 @@ class Resume:
     allocation: Allocation
     reason: str
     plan: ParallelPlan | None = None
+
+    def __init__(self, job_id: str, allocation: Allocation, reason: str, plan: ParallelPlan | None = None) -> None:
+        _resume_job_id(self, job_id)  # as Start's
+        _resume_allocation(self, allocation)
+        _resume_reason(self, reason)
+        _resume_plan(self, plan)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,3 +111,6 @@ class Cancel:
 
 
 Decision = Start | Preempt | Resume | Migrate | Resize | Reserve | Release | Timer | Cancel
+_START_FIELDS = ("job_id", "allocation", "reason", "plan")
+_start_job_id, _start_allocation, _start_reason, _start_plan = (Start.__dict__[f].__set__ for f in _START_FIELDS)
+_resume_job_id, _resume_allocation, _resume_reason, _resume_plan = (Resume.__dict__[f].__set__ for f in _START_FIELDS)

@@ -7,16 +7,17 @@ policy object or a backend's internals. It holds
 * every lifecycle transition (time, job, from, to, the event that caused it),
 * every node event (down, up, drained) and every failed decision answer.
 
-Transitions are kept column-wise in typed arrays (a million of them cost a
-few megabytes and no work for the garbage collector); readers get
-`Transition` objects built on demand.
+Transitions are kept column-wise (sealed into NumPy chunks as they accumulate:
+a million of them cost 16 MB and no work for the garbage collector); readers
+get `Transition` objects built on demand.
 """
 
 from __future__ import annotations
 
-from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from loom.core.decisions import Decision
 from loom.core.lifecycle import JobState
@@ -32,15 +33,19 @@ class Transition:
 
 
 class TransitionLog:
-    """Every lifecycle transition of a run, in order, in two typed arrays: times, and a code
-    packing job key, event, old and new state (two appends per transition in the hot loop)."""
+    """Every lifecycle transition of a run, in order, column-wise: times, and a code packing job
+    key, event, old and new state. The hot loop appends to two plain lists (two C calls per
+    transition); `compact()` seals them into NumPy chunks every `CHUNK` transitions, so a long run
+    holds 16 bytes per transition and nothing for the garbage collector to walk."""
 
-    __slots__ = ("_event_ids", "_events", "at", "code", "ids")
+    __slots__ = ("_at", "_chunks", "_code", "_event_ids", "_events", "ids")
+    CHUNK = 1 << 16
 
     def __init__(self, ids: list[str]) -> None:
         self.ids = ids  # job ids by job key (the core appends as it learns of jobs)
-        self.at = array("d")
-        self.code = array("q")  # key << 32 | event << 8 | old << 4 | new
+        self._at: list[float] = []
+        self._code: list[int] = []  # key << 32 | event << 8 | old << 4 | new
+        self._chunks: list[tuple[np.ndarray, np.ndarray]] = []  # sealed (at, code) columns
         self._events: list[str] = []
         self._event_ids: dict[str, int] = {}
 
@@ -52,27 +57,46 @@ class TransitionLog:
         return eid
 
     def add(self, at: float, key: int, old: JobState, new: JobState, event: str) -> None:
-        self.at.append(at)
-        self.code.append(key << 32 | self.event_id(event) << 8 | old << 4 | new)
+        self._at.append(at)
+        self._code.append(key << 32 | self.event_id(event) << 8 | old << 4 | new)
 
     def coder(self, old: JobState, new: JobState, event: str) -> tuple[object, object, int]:
         """For the hot loop: (append time, append code, the code without its key) of one fixed transition,
         so recording it is two appends: `at(t); code(key << 32 | rest)`."""
-        return self.at.append, self.code.append, self.event_id(event) << 8 | old << 4 | new
+        return self._at.append, self._code.append, self.event_id(event) << 8 | old << 4 | new
+
+    def compact(self) -> None:
+        """Seal the appended transitions into a NumPy chunk once there are `CHUNK` of them (cheap to call often)."""
+        if len(self._at) >= self.CHUNK:
+            self._chunks.append((np.array(self._at, dtype=np.float64), np.array(self._code, dtype=np.int64)))
+            self._at.clear()  # cleared in place: the appenders handed out by `coder` stay valid
+            self._code.clear()
+
+    def columns(self) -> tuple[np.ndarray, np.ndarray]:
+        """(times, codes) of every transition so far, in order."""
+        ats = [c[0] for c in self._chunks] + [np.array(self._at, dtype=np.float64)]
+        codes = [c[1] for c in self._chunks] + [np.array(self._code, dtype=np.int64)]
+        return np.concatenate(ats), np.concatenate(codes)
 
     def __len__(self) -> int:
-        return len(self.at)
+        return sum(len(c[0]) for c in self._chunks) + len(self._at)
 
-    def __getitem__(self, i: int) -> Transition:
-        code = self.code[i]
-        return Transition(self.at[i], self.ids[code >> 32], JobState((code >> 4) & 15), JobState(code & 15),
+    def _decode(self, at: float, code: int) -> Transition:
+        return Transition(at, self.ids[code >> 32], JobState((code >> 4) & 15), JobState(code & 15),
                           self._events[(code >> 8) & 0xFFFFFF])
 
+    def __getitem__(self, i: int) -> Transition:
+        ats, codes = self.columns()
+        return self._decode(float(ats[i]), int(codes[i]))
+
     def __iter__(self) -> Iterator[Transition]:
-        return (self[i] for i in range(len(self.at)))
+        ats, codes = self.columns()
+        return (self._decode(a, c) for a, c in zip(ats.tolist(), codes.tolist()))
 
     def of_job(self, key: int) -> list[Transition]:
-        return [self[i] for i, code in enumerate(self.code) if code >> 32 == key]
+        ats, codes = self.columns()
+        rows = np.flatnonzero((codes >> 32) == key)
+        return [self._decode(a, c) for a, c in zip(ats[rows].tolist(), codes[rows].tolist())]
 
 
 @dataclass(frozen=True, slots=True)

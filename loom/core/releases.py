@@ -15,7 +15,9 @@ class ReleaseIndex:
         self._where: dict[int, tuple[float, int, int]] = {}
 
     def add(self, key: int, expected_end: float, gpus: int) -> None:
-        self.remove(key)
+        old = self._where.get(key)  # remove(key), inlined: once per start and progress report
+        if old is not None:
+            del self._items[bisect_left(self._items, old)]
         item = (expected_end, key, gpus)
         insort(self._items, item)
         self._where[key] = item

@@ -11,6 +11,9 @@ from loom.core.protocols import Placer
 from loom.hardware.state import Allocation, ClusterState
 
 
+_SHAPES: dict[type, bool] = {}  # placer class → whether it has `plan_for`
+
+
 class RoundPlan:
     __slots__ = ("_state", "ctx", "decisions", "placer", "started")
 
@@ -45,17 +48,23 @@ class RoundPlan:
         if gpus > state.free_total:
             return None
         spec = job.spec
-        allowed = state.usable_mask(self.ctx.reservation_for(job.job_id) if self.ctx.reservations else None,
-                                    spec.gpu_type, spec.gpu_types)
-        return self.placer.place(job.spec, gpus, state, allowed)
+        if state.reserved_nodes or spec.gpu_type is not None or spec.gpu_types:
+            allowed = state.usable_mask(self.ctx.reservation_for(job.job_id) if self.ctx.reservations else None,
+                                        spec.gpu_type, spec.gpu_types)
+        else:
+            allowed = None  # every node qualifies (usable_mask's answer, without the call)
+        return self.placer.place(spec, gpus, state, allowed)
 
     def try_start(self, job: Job, reason: str, plan: ParallelPlan | None = None) -> Allocation | None:
         """Place and record Start (or Resume for a preempted job); None if it does not fit."""
         alloc = self.place(job)
         if alloc is not None:
             if plan is None:  # a placer that shaped the job (Arnold) says how
-                plan_for = getattr(self.placer, "plan_for", None)
-                plan = plan_for(job.spec, alloc) if plan_for is not None else None
+                placer = self.placer
+                shapes = _SHAPES.get(type(placer))
+                if shapes is None:  # looked up once per placer class: a missing attribute is slow to find
+                    shapes = _SHAPES[type(placer)] = callable(getattr(placer, "plan_for", None))
+                plan = placer.plan_for(job.spec, alloc) if shapes else None
             self.start(job, alloc, reason, plan)
         return alloc
 

@@ -59,8 +59,8 @@ from loom.workload.job import JobSpec
 
 S = JobState
 # members bound once: enum attribute lookups are slow in the simulator's hot loop
-PENDING, STARTING, RUNNING, STOPPING, SUSPENDED, RECOVERING, FINISHED = (
-    S.PENDING, S.STARTING, S.RUNNING, S.STOPPING, S.SUSPENDED, S.RECOVERING, S.FINISHED)
+ANNOUNCED, PENDING, STARTING, RUNNING, STOPPING, SUSPENDED, RECOVERING, FINISHED = (
+    S.ANNOUNCED, S.PENDING, S.STARTING, S.RUNNING, S.STOPPING, S.SUSPENDED, S.RECOVERING, S.FINISHED)
 DRAINED = (1 << 30) + 1  # reservation id that keeps new work off drained nodes
 
 
@@ -83,8 +83,8 @@ class Scheduler:
         coder = self.record.transitions.coder  # the transitions every job makes, pre-coded
         self._at, self._code, self._started_code = coder(STARTING, RUNNING, "JobStarted")
         self._finished_code = coder(RUNNING, FINISHED, "JobFinished")[2]
-        self._start_code = {(s, r): coder(s, STARTING, "resume decision" if r else "start decision")[2]
-                            for s in _STARTABLE for r in (False, True)}
+        self._start_code = {s: coder(s, STARTING, "start decision")[2] for s in _STARTABLE}  # by old state
+        self._resume_code = {s: coder(s, STARTING, "resume decision")[2] for s in _STARTABLE}
         self.jobs: dict[str, Job] = {}
         self.rejected: dict[str, str] = {}
         self.busy_gpu_seconds = 0.0
@@ -118,6 +118,7 @@ class Scheduler:
         def sink(event: Event) -> None:  # `observe`, with the handler table bound once
             observers[type(event)](event)
 
+        sink.handlers = observers  # type: ignore[attr-defined]  # see `loom.core.backend.handler_for`
         self.sink = sink  # what the backend reports to (a harness may wrap it and bind the wrapper)
         backend.bind(sink)
 
@@ -147,7 +148,8 @@ class Scheduler:
         (False also for a job withdrawn before it arrived)."""
         if job.state in TERMINAL:
             return False
-        self.ctx.announced.pop(job.job_id, None)
+        if self.ctx.announced:
+            self.ctx.announced.pop(job.job_id, None)
         spec = job.spec
         key = spec.gpu_types or spec.gpu_type  # the cache key: no tuple built per job
         capacity = self._capacity.get(key)
@@ -160,7 +162,7 @@ class Scheduler:
                     else "GPUs of one type (jobs never span types)")
             self.reject(job, f"asks for {spec.gpus} GPUs; the cluster has at most {capacity} {pool}", at)
             return False
-        if job.state is S.ANNOUNCED:
+        if job.state is ANNOUNCED:
             self._to(job, PENDING, "submitted", at)
         job.since = at
         self.ctx.pending[job.job_id] = job
@@ -215,16 +217,19 @@ class Scheduler:
         self.round_queue.append(len(ctx.pending))
         if decisions:
             self.issue(decisions, now)
+        self.record.transitions.compact()
         return decisions
 
     def issue(self, decisions: Iterable[Decision], at: float) -> None:
         """Check, record and carry out decisions in order (each logged before its consequences,
         e.g. a reservation released because its job started)."""
-        log = self.record.decisions if self.record.log_decisions else None
+        record, issuers = self.record, self._issuers
+        log = record.decisions if record.log_decisions else None
         for d in decisions:
-            issuer = self._issuers.get(type(d))
-            if issuer is None:
-                raise DecisionError(f"unknown decision type {type(d).__name__}")
+            try:
+                issuer = issuers[type(d)]
+            except KeyError:
+                raise DecisionError(f"unknown decision type {type(d).__name__}") from None
             if log is not None:
                 log.append((at, d))
             issuer(d, at)
@@ -254,7 +259,7 @@ class Scheduler:
         old = job.state
         job.state = STARTING  # _to, inlined (every job passes here): all of _STARTABLE may go to STARTING
         self._at(at)
-        self._code(job.key << 32 | self._start_code[old, ran_before])
+        self._code(job.key << 32 | (self._resume_code if ran_before else self._start_code)[old])
         job.allocation, job.plan, job.held_since, job.last_start = d.allocation, d.plan, at, at
         if not ran_before:
             job.first_start = at
@@ -337,7 +342,7 @@ class Scheduler:
 
     def _on_started(self, ev: JobStarted) -> None:
         # the simulator's hot path: the lookups of _answered, _expecting, _to and _report inlined
-        job_id, at, ticket = ev.job_id, ev.at, ev.ticket
+        job_id, at, rate, progress, ticket = ev  # unpacked at once: named-tuple field reads are slow
         if ticket is not None and self._inflight.pop(ticket, None) is None:
             self.record.stale_events += 1
         job = self.jobs.get(job_id)
@@ -354,10 +359,10 @@ class Scheduler:
         self._at(at)
         self._code(job.key << 32 | self._started_code)
         ctx.running[job_id] = job
-        if ev.rate is not None:
-            job.rate = ev.rate
-        if ev.progress is not None:
-            job.progress = ev.progress
+        if rate is not None:
+            job.rate = rate
+        if progress is not None:
+            job.progress = progress
         job.since = at
         ctx.releases.add(job.key, ctx.expected_end(job), job.allocation.total)  # type: ignore[union-attr]
 
@@ -403,10 +408,11 @@ class Scheduler:
         self.ctx.pending[job.job_id] = job
 
     def _on_finished(self, ev: JobFinished) -> None:
-        job = self.jobs.get(ev.job_id)
+        job_id, at, progress = ev
+        job = self.jobs.get(job_id)
         old = job.state if job is not None else None
         if old is RUNNING:  # the simulator's hot path: _take_off and _end inlined
-            job_id, at, ctx = ev.job_id, ev.at, self.ctx
+            ctx = self.ctx
             alloc = job.allocation
             gpu_s = (at - job.held_since) * alloc.total  # type: ignore[union-attr]
             job.gpu_seconds += gpu_s
@@ -416,8 +422,8 @@ class Scheduler:
             del ctx.running[job_id]
             ctx.releases.remove(job.key)
             job.state, job.end_time, job.rate = FINISHED, at, 0.0
-            if ev.progress is not None:
-                job.progress = ev.progress
+            if progress is not None:
+                job.progress = progress
             self._at(at)
             self._code(job.key << 32 | self._finished_code)
         elif old is STOPPING:

@@ -17,8 +17,6 @@ from loom.hardware.topology import Topology
 NO_RESERVATION = -1
 
 
-_set = object.__setattr__
-
 
 @dataclass(frozen=True, slots=True, init=False)
 class Allocation:
@@ -29,10 +27,11 @@ class Allocation:
     total: int = field(init=False, compare=False, repr=False)  # sum(gpus): policies ask for it millions of times
 
     def __init__(self, nodes: tuple[int, ...], gpus: tuple[int, ...]) -> None:
-        # by hand rather than generated + __post_init__: every start and move builds one
-        _set(self, "nodes", nodes)
-        _set(self, "gpus", gpus)
-        _set(self, "total", gpus[0] if len(gpus) == 1 else sum(gpus))
+        # by hand, through the slots' own setters (frozen forbids `self.x = …`; `object.__setattr__`
+        # is slower): every placement builds one
+        _set_nodes(self, nodes)
+        _set_gpus(self, gpus)
+        _set_total(self, gpus[0] if len(gpus) == 1 else sum(gpus))
 
     @classmethod
     def single(cls, node: int, gpus: int) -> Allocation:
@@ -40,6 +39,9 @@ class Allocation:
 
     def describe(self, topology: Topology) -> str:
         return ",".join(f"{topology.node_names[n]}:{g}" for n, g in zip(self.nodes, self.gpus))
+
+
+_set_nodes, _set_gpus, _set_total = (Allocation.__dict__[f].__set__ for f in ("nodes", "gpus", "total"))
 
 
 class AllocationError(RuntimeError):
@@ -96,7 +98,7 @@ class ClusterState:
             if gpus <= 0 or have < gpus:
                 raise AllocationError(f"node {self.topology.node_names[node]} has {have} free GPUs, asked for {gpus}")
             free[node] = have - gpus
-            self.free_total -= gpus
+        self.free_total -= alloc.total
         if self._switch_free:
             self._switch_free = {}
 
@@ -108,7 +110,7 @@ class ClusterState:
             if have > capacity.item(node):
                 raise AllocationError(f"node {self.topology.node_names[node]} released more GPUs than it has")
             free[node] = have
-            self.free_total += gpus
+        self.free_total += alloc.total
         if self._switch_free:
             self._switch_free = {}
 

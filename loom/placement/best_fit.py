@@ -17,7 +17,7 @@ class BestFit:
 
     def place(self, job: JobSpec, gpus: int, state: ClusterState, allowed: np.ndarray | None = None
               ) -> Allocation | None:
-        free = masked_free(state, allowed)
+        free = state.free if allowed is None else masked_free(state, allowed)
         node = tightest_node(free, gpus)
         if node is not None:
             return Allocation((node,), (gpus,))

@@ -7,6 +7,7 @@ within one type at a time and the placer keeps the best result.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -32,14 +33,23 @@ def type_groups(state: ClusterState, free: np.ndarray, gpus: int = 0) -> Iterato
         yield np.where(topo.node_type == tid, free, 0)
 
 
+_scratch = threading.local()  # per thread: size → (int32 buffer, its uint32 view)
+
+
 def tightest_node(free: np.ndarray, gpus: int, exclude: np.ndarray | None = None) -> int | None:
     """Index of the node with the fewest free GPUs that still holds `gpus`."""
-    # Nodes that cannot hold the job wrap around to huge unsigned values.
-    slack = (free.astype(np.int32, copy=False) - np.int32(gpus)).view(np.uint32)
+    # Nodes that cannot hold the job wrap around to huge unsigned values. The slack goes into a
+    # reused buffer: best-fit asks this once per placement, and a fresh array costs a third of it.
+    buffers = _scratch.__dict__.get(free.size)
+    if buffers is None:
+        buffer = np.empty(free.size, dtype=np.int32)
+        buffers = _scratch.__dict__[free.size] = (buffer, buffer.view(np.uint32))
+    np.subtract(free, gpus, out=buffers[0])
+    slack = buffers[1]
     if exclude is not None:
         slack[exclude] = NOT_FIT
-    node = int(slack.argmin())
-    return None if slack[node] >= NOT_FIT else node
+    node = slack.argmin().item()
+    return None if slack.item(node) >= NOT_FIT else node
 
 
 def take_in_order(free: np.ndarray, order: np.ndarray, gpus: int) -> Allocation | None:

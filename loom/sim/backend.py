@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from heapq import heappush
 
-from loom.core.backend import EventSink, Inventory
+from loom.core.backend import EventSink, Inventory, handler_for
 from loom.core.decisions import (
     Cancel,
     Decision,
@@ -84,6 +84,7 @@ class SimBackend:
         self.running: dict[int, Job] = {}  # in the order they started (the core's `running` order)
         self.launching: dict[int, tuple[int, str]] = {}  # job key → (ticket, start | resume) of its launch
         self.sink: EventSink = _ignore_event
+        self._started = self._finished = _ignore_event  # the sink's handlers of the two events every job sends
         self._apply = {Start: self._start, Resume: self._start, Preempt: self._stop, Cancel: self._stop,
                        Migrate: self._move, Resize: self._move}
 
@@ -100,6 +101,7 @@ class SimBackend:
     # ------------------------------------------------------------ protocol
     def bind(self, sink: EventSink) -> None:
         self.sink = sink
+        self._started, self._finished = handler_for(sink, JobStarted), handler_for(sink, JobFinished)
 
     def inventory(self) -> Inventory:
         return Inventory(self.topology, 0)
@@ -109,8 +111,8 @@ class SimBackend:
             job = self._by_id[decision.job_id]
             key = job.key
             self.running[key] = job
-            self._run_on(job, decision.allocation, at, primitive="start")
-            self.sink(tuple.__new__(JobStarted, (job.job_id, at, self.rate[key],  # JobStarted(...), fast
+            self._run_on(job, decision.allocation, at, 0.0, "start")  # positional: keyword calls are slower
+            self._started(tuple.__new__(JobStarted, (job.job_id, at, self.rate[key],  # JobStarted(...), fast
                                                  float(job.spec.duration or 0.0) - self.remaining_work[key], ticket)))
             return
         self._apply[type(decision)](decision, ticket, at)  # type: ignore[operator]
@@ -191,8 +193,8 @@ class SimBackend:
     # ------------------------------------------------------------ the world
     def finish_due(self, due: FinishDue, now: float) -> bool:
         """The job's work is done, unless its segment changed since (False: a stale finish)."""
-        key = due.key
-        if self.version[key] != due.version or key not in self.running:
+        key, version = due
+        if self.version[key] != version or key not in self.running:
             return False
         job = self.jobs[key]
         if self.interruptions is not None:
@@ -201,7 +203,7 @@ class SimBackend:
         self.remaining_work[key] = 0.0
         del self.running[key]
         self.rate[key] = 0.0
-        self.sink(tuple.__new__(JobFinished, (job.job_id, now, float(job.spec.duration or 0.0))))  # fast JobFinished
+        self._finished(tuple.__new__(JobFinished, (job.job_id, now, float(job.spec.duration or 0.0))))  # fast
         return True
 
     def failure_due(self, due: FailureDue, now: float) -> bool:

@@ -46,6 +46,14 @@ ProgressCallback = Callable[[float], None]
 FREES_CAPACITY = (Preempt, Release, Resize)
 MAX_FOLLOWUPS = 64  # follow-up rounds at one instant
 PROGRESS_EVERY = 16384
+
+
+def _frees_capacity(decisions: list[Decision]) -> bool:
+    """Whether a round gave GPUs back (a plain loop: this runs after every round that decided something)."""
+    for d in decisions:
+        if type(d) in FREES_CAPACITY:
+            return True
+    return False
 FINISH, LAUNCH, TIMER, ROUND = int(EventKind.FINISH), int(EventKind.LAUNCH), int(EventKind.TIMER), int(EventKind.ROUND)
 
 
@@ -167,6 +175,7 @@ class Simulation:
         now = jobs[0].spec.submit_time if jobs else 0.0
         start_time = now
         finish_due, observe, submit, issue = backend.finish_due, core.observe, core.submit, core.issue
+        compact = core.record.transitions.compact
         schedule, clock, round_seconds, round_queue = self.policy.schedule, time.perf_counter, \
             core.round_seconds, core.round_queue
         while True:
@@ -208,7 +217,7 @@ class Simulation:
                     issue(decisions, now)
                     if followup_at != now:
                         followup_at, followups = now, 0
-                    if followups < MAX_FOLLOWUPS and any(type(d) in FREES_CAPACITY for d in decisions):
+                    if followups < MAX_FOLLOWUPS and _frees_capacity(decisions):
                         # capacity freed in this round: give the policy another look now
                         # (bounded, so a policy that keeps preempting cannot stall time)
                         self.events.push(now, EventKind.ROUND, RoundDue("follow-up"))
@@ -217,8 +226,10 @@ class Simulation:
                 if self.round_interval and (ctx.pending or ctx.reservations) and not round_pending:
                     self.events.push(now + self.round_interval, EventKind.ROUND, RoundDue("periodic"))
                     round_pending = True
-            if progress is not None and handled >= next_progress:
-                progress(now)
+            if handled >= next_progress:
+                if progress is not None:
+                    progress(now)
+                compact()  # the transition log, sealed into arrays as it grows
                 next_progress = handled + PROGRESS_EVERY
         # the last moment a job held GPUs: a finish, or the stop of a job left unfinished
         end_time = max((j.end_time if j.end_time is not None else j.held_since
