@@ -16,7 +16,9 @@ grid values (`policy=easy,seed=1`) and written to `<out>/<run-name>/` exactly as
 (`concurrent.futures.ProcessPoolExecutor`) or, given a Ray address, to Ray
 tasks. A failing run never stops the others; `write_combined` then writes the
 combined `summary.csv` / `summary.parquet` (one row per run), `experiment.json`
-and a comparison of the successful runs (`comparison.html`).
+and a comparison of the successful runs (`comparison.html`); when the grid varies
+the seed, also `summary_seeds.csv`: per metric the mean ± 95% CI over seeds, or
+that the seed had no effect (`loom.experiment_seeds`).
 """
 
 from __future__ import annotations
@@ -461,8 +463,11 @@ def summary_rows(results: Iterable[RunResult]) -> list[dict[str, Any]]:
 
 def write_combined(experiment: Experiment, results: list[RunResult], wall_s: float | None = None
                    ) -> dict[str, Path]:
-    """`summary.csv`, `summary.parquet`, `experiment.json` and (if any run succeeded) `comparison.html`."""
+    """`summary.csv`, `summary.parquet`, `experiment.json`, (if the grid varies the seed)
+    `summary_seeds.csv` and (if any run succeeded) `comparison.html`."""
     import polars as pl
+
+    from loom.experiment_seeds import seed_groups, seed_rows
 
     out = experiment.out
     out.mkdir(parents=True, exist_ok=True)
@@ -475,6 +480,10 @@ def write_combined(experiment: Experiment, results: list[RunResult], wall_s: flo
                "experiment.json": out / "experiment.json"}
     frame.write_csv(written["summary.csv"])
     frame.write_parquet(written["summary.parquet"])
+    groups = seed_groups(experiment, results)
+    if groups:
+        written["summary_seeds.csv"] = out / "summary_seeds.csv"
+        pl.DataFrame(seed_rows(groups), infer_schema_length=None).write_csv(written["summary_seeds.csv"])
     written["experiment.json"].write_text(json.dumps({
         "source": experiment.source,
         "grid": {a.key: list(a.values) for a in experiment.axes},
@@ -483,6 +492,7 @@ def write_combined(experiment: Experiment, results: list[RunResult], wall_s: flo
         "runs": [{"name": r.name, "values": r.values, "status": r.status, "out_dir": str(r.out_dir)}
                  for r in results],
         "errors": [{"name": r.name, "error": r.error} for r in results if not r.ok],
+        "seeds": seed_rows(groups),  # per combination of the other grid values: mean ± 95% CI over seeds
     }, indent=2, default=str) + "\n")
     comparable = [r for r in results if r.ok and (r.out_dir / "jobs.parquet").is_file()]
     if comparable:

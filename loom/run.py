@@ -3,7 +3,14 @@
 Outputs in `outputs.dir`: `summary.json`, `jobs.parquet` (per-job records),
 `decisions.jsonl` (every decision with its reason), `manifest.json`
 (Loom version, git commit, the resolved config, seed, timings) and
-`report.html` (plots and tables, see `loom report`).
+`report.html` (plots and tables, see `loom report`). A run removes the files an
+earlier run left in the directory that it does not rewrite itself, so the
+directory only ever holds one run; `claim_out_dir` is the check a command makes
+before replacing a run (`loom simulate` refuses without `--force`).
+
+Jobs of the trace that are not simulated are counted by reason (`Dropped`,
+`summary.json` → `dropped`), and so are the jobs rejected on submission
+(`rejected_reasons`): no job goes missing silently.
 """
 
 from __future__ import annotations
@@ -13,8 +20,9 @@ import json
 import platform
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,11 +38,34 @@ from loom.perf.interruptions import InterruptionCosts, InterruptionModel
 from loom.registry import Registry
 from loom.report.decision_log import write_decision_log
 from loom.report.metrics import job_records, summary
+from loom.report.sanity import sanity_warnings
 from loom.sim.engine import Simulation, SimulationResult
 from loom.sim.launch import LaunchModel
 from loom.workload.faults import NodeFailure
 from loom.workload.job import FinalStatus
 from loom.workload.loaders import load_trace
+from loom.workload.scaling import scale_load
+
+# every file a run may write into its directory (`error.txt`: an experiment's failed point)
+RUN_FILES = ("summary.json", "jobs.parquet", "decisions.jsonl", "manifest.json", "report.html", "error.txt")
+# reasons a trace job is not simulated (beside the trace format's own, e.g. "cpu-only")
+DROP_RECORDED_FAILED = "recorded as failed"
+DROP_LIMIT = "beyond limit_jobs"
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """Jobs of the trace the run does not simulate: the trace's size and reason → count."""
+
+    trace_jobs: int
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        return sum(self.reasons.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "reasons": dict(self.reasons)}
 
 
 @dataclass
@@ -42,6 +73,21 @@ class RunOutputs:
     result: SimulationResult
     summary: dict[str, Any]
     out_dir: Path
+    files: list[str] = field(default_factory=list)  # the files this run wrote, in writing order
+    dropped: Dropped = Dropped(0)
+
+
+@dataclass(frozen=True)
+class PreviousRun:
+    """What an earlier run left in a directory: its files (of `RUN_FILES`) and its policy if known."""
+
+    path: Path
+    files: list[str]
+    policy: str | None
+
+    def describe(self) -> str:
+        policy = f"policy {self.policy}: " if self.policy else ""
+        return f"{policy}{', '.join(self.files)}"
 
 
 def build(registry: Registry[type], component: Component, seed: int, field: str) -> Any:
@@ -65,19 +111,36 @@ def _policy_stats(record: RunRecord) -> dict[str, Any]:
 
 
 def build_simulation(config: SimConfig) -> Simulation:
+    return prepare(config)[0]
+
+
+def prepare(config: SimConfig) -> tuple[Simulation, Dropped]:
+    """The simulation of `config` and the trace's jobs it leaves out, by reason."""
     topology = load_cluster(config.cluster)
     specs = load_trace(config.trace)
-    if config.limit_jobs:
+    reasons = Counter(getattr(specs, "skipped", {}))  # rows the trace format skips (CPU-only, never ran)
+    trace_jobs = len(specs) + sum(reasons.values())
+    if config.limit_jobs and len(specs) > config.limit_jobs:
+        reasons[DROP_LIMIT] += len(specs) - config.limit_jobs
         specs = specs[: config.limit_jobs]
     failures = [NodeFailure(f.node, f.at, f.repair_after) for f in config.failures]
+    if config.failures_from:
+        failures += failures_over(config.failures_from, topology, specs, config.seed).failures
+        if config.recorded_failures == "drop":  # they already end at their recorded failure
+            kept = [s for s in specs if s.final_status is not FinalStatus.FAILED]
+            reasons[DROP_RECORDED_FAILED] += len(specs) - len(kept)
+            specs = kept
+    if config.load != 1.0 or config.repeat != 1:  # after the drops: they apply to the trace as recorded
+        specs = scale_load(specs, config.load, config.repeat)
+    dropped = Dropped(trace_jobs, {k: v for k, v in reasons.items() if v})
+    return _simulation(config, topology, specs, failures), dropped
+
+
+def _simulation(config: SimConfig, topology: Any, specs: list[Any], failures: list[NodeFailure]) -> Simulation:
     on_by_failures = {} if (config.failures_from or config.job_failures) else None
     interruptions = _section(InterruptionCosts, config.interruptions, on_by_failures, "interruptions")
     recovery = _section(RecoveryConfig, config.recovery, on_by_failures, "recovery")
     launch = _section(LaunchModel, launch_params(config), None, "launch")
-    if config.failures_from:
-        failures += failures_over(config.failures_from, topology, specs, config.seed).failures
-        if config.recorded_failures == "drop":  # they already end at their recorded failure
-            specs = [s for s in specs if s.final_status is not FinalStatus.FAILED]
     return Simulation(
         topology,
         specs,
@@ -142,14 +205,42 @@ def failures_over(source: str, topology: Any, specs: list[Any], seed: int) -> An
     return parse_failures(source, topology, start, max(end, start + 1.0), seed)
 
 
-def run(config: SimConfig, progress_factory: Callable[[Simulation], Callable[[float], None]] | None = None
-        ) -> RunOutputs:
+def run(config: SimConfig, progress_factory: Callable[[Simulation], Callable[[float], None]] | None = None,
+        on_stage: Callable[[str], None] | None = None) -> RunOutputs:
+    """Simulate `config` and write its outputs; `on_stage(text)` is told when writing starts
+    (e.g. "writing report.html…") so a command can say what it waits for."""
     started = datetime.now(UTC)
     t0 = time.perf_counter()
-    sim = build_simulation(config)
+    sim, dropped = prepare(config)
     setup_s = time.perf_counter() - t0
     result = sim.run(progress_factory(sim) if progress_factory else None)
-    stats = summary(result)
+    stats = run_summary(config, result, dropped)
+    stats["setup_wall_s"] = setup_s
+    stage = on_stage or (lambda text: None)
+    stage("writing outputs…")
+    out = Path(config.outputs.dir)
+    planned = planned_files(config)
+    _make_dir(out)
+    _remove_stale(out, planned)
+    files = _write_records(config, out, result, stats)
+    manifest = _manifest(config, result, started, planned)
+    manifest["wall_s"] = time.perf_counter() - t0
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    files.append("manifest.json")
+    if "report.html" in planned:
+        from loom.report.html import (
+            write_report,  # matplotlib: imported only when a report is wanted
+        )
+
+        stage("writing report.html…")
+        write_report(out)
+        files.append("report.html")
+    return RunOutputs(result, stats, out, files, dropped)
+
+
+def run_summary(config: SimConfig, result: SimulationResult, dropped: Dropped) -> dict[str, Any]:
+    """`summary.json`: the metrics, the policy's counters, and the jobs dropped or rejected, by reason."""
+    stats: dict[str, Any] = summary(result)
     stats.update(_policy_stats(result.record))
     if config.policy.name == "quota":  # per-VC fairness of a quota run, from the config's entitlements
         from loom.report.fairness import fairness_index, vc_fairness
@@ -159,16 +250,54 @@ def run(config: SimConfig, progress_factory: Callable[[Simulation], Callable[[fl
         rows = vc_fairness(result, ent.quotas, default_quota=ent.default_quota, is_best_effort=ent.is_best_effort)
         stats["quota_jain_index"] = fairness_index(rows)
         stats["quota_per_vc"] = rows
-    stats["setup_wall_s"] = setup_s
-    out = Path(config.outputs.dir)
-    out.mkdir(parents=True, exist_ok=True)
+    stats["trace_jobs"] = dropped.trace_jobs
+    stats["dropped"] = dropped.as_dict()
+    stats["rejected_reasons"] = rejected_reasons(result.rejected.values())
+    if config.load != 1.0 or config.repeat != 1:
+        stats["load_scaling"] = {"load": config.load, "repeat": config.repeat}
+    stats["warnings"] = [w.as_dict() for w in sanity_warnings(result, stats)]
+    return stats
+
+
+def rejected_reasons(reasons: Any) -> dict[str, int]:
+    """Rejection reasons grouped by kind (their details, e.g. GPU counts, differ), most frequent first."""
+    return dict(Counter(rejection_kind(r) for r in reasons).most_common())
+
+
+def rejection_kind(reason: str) -> str:
+    """'asks for 300 GPUs; the cluster has at most 64 …' → 'larger than the cluster'; else the text before ':'."""
+    if reason.startswith("asks for "):
+        return "larger than the cluster"
+    head = reason.split(":", 1)[0].split(";", 1)[0].strip()
+    return "".join("N" if c.isdigit() else c for c in head) or "unknown"
+
+
+def planned_files(config: SimConfig) -> list[str]:
+    """The files a run of `config` writes, in writing order."""
+    out = config.outputs
+    files = ["summary.json"]
+    files += ["jobs.parquet"] if out.job_records else []
+    files += ["decisions.jsonl"] if out.decision_log else []
+    files += ["manifest.json"]
+    files += ["report.html"] if out.report and out.job_records else []
+    return files
+
+
+def _write_records(config: SimConfig, out: Path, result: SimulationResult, stats: dict[str, Any]) -> list[str]:
     (out / "summary.json").write_text(json.dumps(stats, indent=2) + "\n")
+    files = ["summary.json"]
     if config.outputs.job_records:
         job_records(result).write_parquet(out / "jobs.parquet")
+        files.append("jobs.parquet")
     if config.outputs.decision_log:
         write_decision_log(result.decisions, result.topology, out / "decisions.jsonl")
-    manifest = {
-        "loom_version": loom.__version__,
+        files.append("decisions.jsonl")
+    return files
+
+
+def _manifest(config: SimConfig, result: SimulationResult, started: datetime, planned: list[str]) -> dict[str, Any]:
+    return {
+        "loom_version": loom.version(),
         "git_commit": git_commit(),
         "started_utc": started.isoformat(timespec="seconds"),
         "python": platform.python_version(),
@@ -177,16 +306,52 @@ def run(config: SimConfig, progress_factory: Callable[[Simulation], Callable[[fl
         "config": config_to_dict(config),
         "cluster": {"name": result.topology.name, "nodes": result.topology.num_nodes,
                     "gpus": result.topology.total_gpus},
-        "wall_s": time.perf_counter() - t0,
+        "outputs": planned,
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    if config.outputs.report and config.outputs.job_records:
-        from loom.report.html import (
-            write_report,  # matplotlib: imported only when a report is wanted
-        )
 
-        write_report(out)
-    return RunOutputs(result, stats, out)
+
+# ------------------------------------------------------------------ the output directory
+def claim_out_dir(out: Path, *, replace: bool) -> PreviousRun | None:
+    """Check that a run can write to `out` before simulating: a file (or a path through one) is
+    refused, and so is a directory holding an earlier run unless `replace`. Returns that run
+    (None: there was none); `run` removes its files that the new run does not rewrite."""
+    out = Path(out)
+    blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        what = "is an existing file" if blocker == out else f"goes through the existing file {blocker}"
+        raise LoomInputError(f"the output directory {what}, not a directory; pick another with --out DIR",
+                             source=str(out))
+    previous = previous_run(out)
+    if previous is not None and not replace:
+        raise LoomInputError(f"already holds a run ({previous.describe()}); pass --out DIR to keep both "
+                             "or --force to replace it", source=str(out))
+    return previous
+
+
+def previous_run(out: Path) -> PreviousRun | None:
+    """The run files (of `RUN_FILES`) in `out`, with the policy its manifest names (None: no run there)."""
+    files = [name for name in RUN_FILES if (out / name).is_file()] if out.is_dir() else []
+    if not files:
+        return None
+    try:
+        policy = json.loads((out / "manifest.json").read_text())["config"]["policy"]["name"]
+    except (OSError, ValueError, KeyError, TypeError):
+        policy = None
+    return PreviousRun(out, files, policy if isinstance(policy, str) else None)
+
+
+def _make_dir(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LoomInputError(f"cannot create the output directory: {exc.strerror or exc}", source=str(out)) from None
+
+
+def _remove_stale(out: Path, planned: list[str]) -> None:
+    """Remove an earlier run's files that this run does not rewrite (e.g. report.html under --no-report)."""
+    for name in RUN_FILES:
+        if name not in planned and (out / name).is_file():
+            (out / name).unlink()
 
 
 def git_commit() -> str | None:

@@ -301,7 +301,10 @@ class EasyShadowAudit:
     head's shadow time is when free GPUs plus GPUs released by *all* running
     jobs (including those started earlier in this very round) first cover the
     head; a later job may start only if it ends by the shadow time or fits in
-    the GPUs spare at the shadow time.
+    the GPUs spare at the shadow time. The spare GPUs are shared: every
+    backfilled job that runs past the shadow time uses some up, so they are
+    counted cumulatively in queue order (two jobs that each fit the spare
+    GPUs but not together delay the head).
     """
 
     name = "easy-audit"
@@ -329,12 +332,16 @@ class EasyShadowAudit:
                 shadow = max(end, now)
                 break
         extra = free + sum(g for end, _, g in releases if end <= shadow) - head.gpus
+        spare = extra  # GPUs still spare at the shadow time after the backfills so far
         for job in order[head_at + 1:]:
-            if job.job_id in started and not (now + est(job) <= shadow + _time_tol(shadow)
-                                              or job.gpus <= extra):
-                self.violations.append(
-                    f"t={now}: {job.job_id} ({job.gpus} GPUs, {est(job)}s) backfilled behind head "
-                    f"{head.job_id} ({head.gpus} GPUs) although shadow={shadow}, spare={extra}")
+            if job.job_id not in started or now + est(job) <= shadow + _time_tol(shadow):
+                continue  # not started, or gone by the time the head needs its GPUs
+            if job.gpus <= spare:
+                spare -= job.gpus  # runs past the shadow time on spare GPUs: they are used up
+                continue
+            self.violations.append(
+                f"t={now}: {job.job_id} ({job.gpus} GPUs, {est(job)}s) backfilled behind head "
+                f"{head.job_id} ({head.gpus} GPUs) although shadow={shadow}, spare={spare} of {extra}")
         return decisions
 
 

@@ -38,6 +38,16 @@ def test_simulate_writes_all_outputs(trace, tmp_path):
     for key in ("avg_jct_s", "p50_jct_s", "p99_jct_s", "avg_queue_s", "p99_queue_s", "makespan_s",
                 "gpu_utilization", "sim_wall_s", "events_per_s", "decision_ms_median", "decision_ms_p99"):
         assert key in summary
+    # by hand (every figure is checked the same way in test_metric_values.py): jobs 0-2 start on
+    # arrival; job 3 needs all 144 GPUs and waits for job 0 (ends at 100), then runs 100-130.
+    # JCT 100, 50, 0, 110 (sorted 0 50 100 110); queueing 0, 0, 0, 80
+    assert summary["avg_jct_s"] == pytest.approx(260 / 4) and summary["p50_jct_s"] == pytest.approx(75.0)
+    assert summary["p99_jct_s"] == pytest.approx(100 + 0.97 * 10)  # rank 0.99 × 3 = 2.97
+    assert summary["avg_queue_s"] == pytest.approx(20.0) and summary["p99_queue_s"] == pytest.approx(0.97 * 80)
+    assert summary["makespan_s"] == 130.0
+    # GPU-seconds 8 × 100 + 16 × 50 + 1 × 0 + 144 × 30 = 5920 of 144 × 130
+    assert summary["busy_gpu_seconds"] == 5920.0
+    assert summary["gpu_utilization"] == pytest.approx(5920 / (144 * 130))
     jobs = pl.read_parquet(out / "jobs.parquet")
     assert jobs.height == 5
     assert {"queue_s", "jct_s", "nodes", "core_spanned", "minipod_spanned", "leaf_spanned", "preemptions"} <= set(

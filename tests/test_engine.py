@@ -231,23 +231,52 @@ def test_resize_and_migrate_pauses_cost_time_on_the_new_gpus(small_clos):
     assert a.gpu_seconds == pytest.approx(8 * 70 + 4 * 100)
 
 
+class FakeClock:
+    """Stands in for the engine's `time` module: `perf_counter` moves only when the policy moves it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str):  # the rest of the `time` module, unchanged
+        import time
+
+        return getattr(time, name)
+
+
 class SlowWhenQueued(Scripted):
-    """FCFS that sleeps 1 ms per waiting job: latency must follow the queue it saw."""
+    """FCFS that "takes" 1 ms per waiting job (on a fake clock): latency must follow the queue it saw."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.clock = clock
 
     def schedule(self, ctx: SchedulingContext):
-        import time
-        time.sleep(0.001 * len(ctx.pending))
+        self.clock.now += 0.001 * len(ctx.pending)
         return super().schedule(ctx)
 
 
-def test_decision_latency_recorded_per_round_with_its_queue(small_clos):
+def test_decision_latency_recorded_per_round_with_its_queue(small_clos, monkeypatch):
+    from loom.sim import engine
     from loom.report.metrics import latency_by_queue, summary
+
+    clock = FakeClock()
+    monkeypatch.setattr(engine, "time", clock)  # the engine's `time.perf_counter()`
     specs = [job("a", 0, 64, 100)] + [job(f"w{i}", 1 + i, 64, 1) for i in range(6)]
-    result = simulate(small_clos, specs, SlowWhenQueued())
+    result = simulate(small_clos, specs, SlowWhenQueued(clock))
     assert len(result.round_seconds) == len(result.round_queue) == result.rounds
-    assert max(result.round_queue) == 6
+    # the queue each round saw: a alone at t=0; w0..w5 join one by one (t=1..6) while a runs; a ends
+    # at t=100 with all six waiting, then each 1-s job leaves the next five, four, ... none
+    assert result.round_queue == [1, 1, 2, 3, 4, 5, 6, 6, 5, 4, 3, 2, 1, 0]
+    assert result.round_seconds == pytest.approx([q / 1000 for q in result.round_queue])
     s = summary(result)
-    assert 0 < s["decision_ms_median"] <= s["decision_ms_p99"] <= s["decision_ms_max"]
+    # sorted ms: 0 1 1 1 2 2 3 3 4 4 5 5 6 6 (14 rounds): median (3 + 3) / 2 = 3; p99 at rank
+    # 0.99 × 13 = 12.87 between the two 6s = 6; max 6
+    assert (s["decision_ms_median"], s["decision_ms_p99"], s["decision_ms_max"]) == pytest.approx((3.0, 6.0, 6.0))
     rows = {r["queue"]: r for r in latency_by_queue(result, edges=(0, 3, 6))}
-    assert rows["6+"]["median_ms"] >= 6.0 > rows["0-2"]["median_ms"]
+    # 0-2: 0 1 1 1 2 2 → median 1; 3-5: 3 3 4 4 5 5 → median 4; 6+: 6 6 → 6
+    assert {k: r["rounds"] for k, r in rows.items()} == {"0-2": 6, "3-5": 6, "6+": 2}
+    assert {k: r["median_ms"] for k, r in rows.items()} == pytest.approx({"0-2": 1.0, "3-5": 4.0, "6+": 6.0})
     assert sum(r["rounds"] for r in rows.values()) == result.rounds

@@ -110,43 +110,30 @@ def test_fuzzed_input(fuzz_dir, case: Case):
 
 
 # ------------------------------------------------------- resource limits
-class _TookTooLong(Exception):
-    pass
-
-
-HANG_CASES = [
+# Huge node counts are refused by a count limit (1,000,000 nodes) before anything is expanded; a
+# count under the limit loads. What is checked is the outcome, not how long it took.
+HUGE_CASES = [
     pytest.param("slurm", "SwitchName=s0 Nodes=n[0-999999]-m[0-999999]\n", "?gpu_type=H100", ".conf",
-                 id="slurm-hostlist-product-1e12"),
+                 "expands to more than 1,000,000 hosts", id="slurm-hostlist-product-1e12"),
     pytest.param("yaml", "name: x\ntiers: [{name: leaf}]\nnodes:\n"
                          "  - {path: [l0], count: 1000000000000, gpu_type: H100, gpus: 8}\n", "", ".yaml",
-                 id="yaml-count-1e12"),
+                 "expected an integer from 1 to 1,000,000", id="yaml-count-1e12"),
     pytest.param("slurm", "SwitchName=s0 Nodes=n[0-999]-m[0-99]\n", "?gpu_type=H100", ".conf",
-                 id="slurm-hostlist-product-1e5"),
+                 1000 * 100, id="slurm-hostlist-product-1e5"),
 ]
 
 
-@pytest.mark.parametrize(("fmt", "text", "query", "suffix"), HANG_CASES)
-def test_huge_counts_fail_fast(tmp_path, fmt, text, query, suffix):
-    """Huge node counts must end (a result or a located error), not hang. The limit only catches a
-    hang or a blow-up: it is far above the few milliseconds a refusal takes, so a busy machine
-    (the test suite shares two cores) cannot make it fail."""
-    import signal
-
+@pytest.mark.parametrize(("fmt", "text", "query", "suffix", "expected"), HUGE_CASES)
+def test_huge_counts_are_refused_by_the_limit(tmp_path, fmt, text, query, suffix, expected):
+    """Above the limit: a located error that names the limit; below it: every node is built."""
     path = tmp_path / f"c{suffix}"
     path.write_text(text)
-
-    def alarm(signum, frame):
-        raise _TookTooLong
-
-    old = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, 30.0)
-    try:
-        _load_cluster(f"{fmt}:{path}{query}")
-    except LoomInputError as err:
-        assert str(path) in str(err)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+    if isinstance(expected, str):
+        with pytest.raises(LoomInputError) as info:
+            _load_cluster(f"{fmt}:{path}{query}")
+        assert str(path) in str(info.value) and expected in str(info.value)
+    else:
+        assert _load_cluster(f"{fmt}:{path}{query}").num_nodes == expected
 
 
 # -------------------------------------------------------------- CLI sample

@@ -6,9 +6,13 @@ from collections import defaultdict
 
 from hypothesis import example, given
 
+from loom.core.decisions import Start
+from loom.core.protocols import PLACERS, POLICIES
 from loom.hardware.clos import DEFAULT_TIERS, clos
+from loom.hardware.state import Allocation
 from loom.hardware.topology import NodeDef, Topology
 from loom.report.metrics import summary
+from loom.sim.engine import Simulation
 from loom.workload.faults import NodeFailure
 from loom.workload.job import JobSpec
 from simharness import (
@@ -75,9 +79,23 @@ def test_failed_gpu_seconds_within_the_run(sc: Scenario) -> None:
     assert -1e-6 <= result.failed_gpu_seconds <= window + 1e-6, (result.failed_gpu_seconds, window)
 
 
+def _two_nodes() -> Topology:
+    return clos("two", minipods=1, nodes=2, gpus_per_node=8)
+
+
+def _shared_spare_jobs() -> list[JobSpec]:
+    """R runs until t=100 on one node; the head H (12 GPUs) then fits, with 8 + 8 - 12 = 4 GPUs
+    spare at its shadow time t=100; X and Y (4 GPUs, 1000 s each) each fit the spare GPUs alone,
+    but not together."""
+    return [JobSpec("R", 0.0, 8, 100.0), JobSpec("H", 0.0, 12, 50.0), JobSpec("X", 0.0, 4, 1000.0),
+            JobSpec("Y", 0.0, 4, 1000.0)]
+
+
 @PROPERTY_SETTINGS
 @example(Scenario(_one_node(), [JobSpec("A", 0.0, 4, 100.0), JobSpec("B", 0.0, 8, 100.0),
                                 JobSpec("C", 0.0, 4, 1000.0)], "easy", "first-fit"))
+# EASY may backfill X or Y past the shadow time, not both (a budget per job would take both)
+@example(Scenario(_two_nodes(), _shared_spare_jobs(), "easy", "first-fit"))
 @given(scenarios(policies=("easy",), chaos=False))
 def test_easy_backfill_respects_the_head_shadow(sc: Scenario) -> None:
     """Was: EasyBackfill._shadow ignored jobs started earlier in the same round,
@@ -90,6 +108,42 @@ def test_easy_backfill_respects_the_head_shadow(sc: Scenario) -> None:
 
     simulate(sc, wrap)
     assert not audits[0].violations, "\n".join(audits[0].violations)
+
+
+class _BackfillBoth:
+    """A bad EASY: at t=0 it starts R and backfills both X and Y behind the head H, checking each
+    against the 4 spare GPUs on its own; FCFS afterwards."""
+
+    name = "backfill-both"
+
+    def __init__(self) -> None:
+        self.fcfs = POLICIES.get("fcfs")()
+
+    def schedule(self, ctx):
+        if ctx.now == 0.0:
+            return [Start("R", Allocation((0,), (8,)), "fcfs"), Start("X", Allocation((1,), (4,)), "backfill"),
+                    Start("Y", Allocation((1,), (4,)), "backfill")]
+        return self.fcfs.schedule(ctx)
+
+
+def test_easy_audit_counts_the_spare_gpus_cumulatively() -> None:
+    """The audit itself, on a hand-built bad schedule: X and Y share the head's 4 spare GPUs, which
+    delays the head from t=100 (when R ends) to t=1000 (when X and Y end). A check of each
+    backfilled job against the spare GPUs alone passes this schedule; the audit must not."""
+    audit = EasyShadowAudit(_BackfillBoth())
+    result = Simulation(_two_nodes(), _shared_spare_jobs(), audit, PLACERS.get("first-fit")()).run()
+    jobs = {j.job_id: j for j in result.jobs}
+    assert jobs["H"].first_start == 1000.0  # the harm: the head waited for X and Y
+    spare = 8 + 8 - 12  # free now (node 1) + released by R at the shadow time t=100 - the head's 12
+    assert jobs["X"].spec.gpus <= spare and jobs["Y"].spec.gpus <= spare  # each fits on its own
+    assert len(audit.violations) == 1 and audit.violations[0].startswith("t=0.0: Y (4 GPUs, 1000.0s)"), \
+        audit.violations
+    # real EASY on the same jobs: X backfilled, Y waits, the head starts at its shadow time
+    audit = EasyShadowAudit(POLICIES.get("easy")())
+    result = Simulation(_two_nodes(), _shared_spare_jobs(), audit, PLACERS.get("first-fit")()).run()
+    jobs = {j.job_id: j for j in result.jobs}
+    assert not audit.violations, audit.violations
+    assert (jobs["X"].first_start, jobs["H"].first_start, jobs["Y"].first_start) == (0.0, 100.0, 150.0)
 
 
 # ============================================================ regressions (bugs found by these properties)

@@ -115,11 +115,16 @@ def test_no_job_ever_runs_on_a_failed_node(small_clos):
 
 
 def test_replacement_function_prefers_the_same_leaf_then_minipod(small_clos):
+    # minipod 1 = leaves {4, 5} and {6, 7}; a job held 4 GPUs on each of nodes 5 and 6, node 6 failed
     state = ClusterState(small_clos)
-    state.allocate(Allocation((4,), (8,)))  # node 4 busy
-    # job on nodes 5 and 6; node 5 failed: same leaf as 5 is 4 (busy) → same minipod: 7
-    assert replacements(state, (6,), {5: 8}, "topology") == {5: 7}
-    assert replacements(state, (6,), {5: 8}, "naive") == {5: 0}
+    state.allocate(Allocation((4, 0), (4, 4)))  # nodes 4 and 0: 4 of 8 GPUs busy
+    # node 7 shares node 6's leaf. Every other rule prefers node 4 (same minipod, a tighter fit, a lower
+    # index) and the naive rule node 0 (lowest index, 4 GPUs free): only the same-leaf rule picks 7
+    assert replacements(state, (5,), {6: 4}, "topology") == {6: 7}
+    assert replacements(state, (5,), {6: 4}, "naive") == {6: 0}
+    # node 7 taken: the same minipod decides — node 4, though node 0 fits as tightly and comes first
+    state.allocate(Allocation((7,), (8,)))
+    assert replacements(state, (5,), {6: 4}, "topology") == {6: 4}
     full = ClusterState(small_clos)
     full.allocate(Allocation(tuple(range(8)), (8,) * 8))
     assert replacements(full, (6,), {5: 8}) is None

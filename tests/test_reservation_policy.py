@@ -95,8 +95,16 @@ def test_energy_charges_idle_gpus(cluster):
     assert idle_w == 60 and board["H800"] == 700
     for result in (strict, predict):
         e = energy(result)
-        assert e["energy_kwh"] == pytest.approx(e["energy_busy_kwh"] + e["energy_idle_kwh"])
-        assert e["energy_busy_kwh"] == pytest.approx(result.busy_gpu_seconds * 700 / 3.6e6)
+        assert result.failed_gpu_seconds == 0  # no failures: every GPU-second is busy or idle
+        # every job runs its duration: llm 32 × 3600 + six short 8 × 1800 + six long 8 × 36000 GPU-s
+        busy_gpu_s = 32 * 3600 + 6 * 8 * 1800 + 6 * 8 * 36000  # 1,929,600
+        assert result.busy_gpu_seconds == busy_gpu_s
+        # 64 H800s from the first arrival to the last finish; the GPU-seconds no job held draw 60 W each
+        idle_gpu_s = 64 * (result.end_time - result.start_time) - busy_gpu_s
+        assert idle_gpu_s > 0
+        assert e["energy_idle_kwh"] == pytest.approx(idle_gpu_s * 60 / 3.6e6)
+        assert e["energy_busy_kwh"] == pytest.approx(busy_gpu_s * 700 / 3.6e6)
+        assert e["energy_kwh"] == pytest.approx((busy_gpu_s * 700 + idle_gpu_s * 60) / 3.6e6)
 
 
 def test_report_draws_the_reservation_as_a_gantt_chart(cluster):

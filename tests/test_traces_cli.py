@@ -1,6 +1,5 @@
 import json
 import os
-import time
 
 from typer.testing import CliRunner
 
@@ -73,7 +72,12 @@ def test_cache_keeps_skip_counts(tmp_path, monkeypatch):
     p = tmp_path / "pods.csv"
     p.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time,"
                  "scheduled_time\np0,1,1,1,1000,,LS,Running,0,100,0\np1,1,1,0,0,,LS,Running,0,100,0\n")
-    t = time.perf_counter()
+    from loom.workload import cache
+
+    reads = []
+    read_cache = cache.read_cache
+    monkeypatch.setattr(cache, "read_cache", lambda target: reads.append(target) or read_cache(target))
     assert load_trace(f"alibaba-pods:{p}").skipped == {"cpu-only": 1}
+    assert not reads and list((tmp_path / "cache").glob("*.parquet")), "the first load did not write the cache"
     assert load_trace(f"alibaba-pods:{p}").skipped == {"cpu-only": 1}
-    assert time.perf_counter() - t < 5
+    assert len(reads) == 1, "the second load did not come from the cache"

@@ -1,7 +1,5 @@
 """Synthetic Acme workloads: `loom.workload.generate` and `loom workload generate|validate`."""
 
-import time
-
 import numpy as np
 import pytest
 import typer
@@ -37,9 +35,7 @@ def kalos60():
 
 @pytest.fixture(scope="module")
 def seren30():
-    started = time.perf_counter()
-    jobs = generate("acme-seren", 30, seed=0)
-    return jobs, time.perf_counter() - started
+    return generate("acme-seren", 30, seed=0)
 
 
 def _arrays(jobs):
@@ -117,7 +113,7 @@ def test_users_and_vcs(kalos60):
 
 def test_daily_cycle_correlates_with_venus(kalos60, seren30):
     hours = get_profile("acme-kalos").hour_of_day
-    for jobs, lowest in ((kalos60, 0.5), (seren30[0], 0.9)):
+    for jobs, lowest in ((kalos60, 0.5), (seren30, 0.9)):
         t = np.array([j.submit_time for j in jobs])
         hourly = np.bincount(((t % 86400) // 3600).astype(int), minlength=24)
         assert np.corrcoef(hourly, hours)[0, 1] > lowest
@@ -137,9 +133,8 @@ def test_venus_factors_match_shared_series():
     assert np.allclose(by_hour / by_hour.mean(), get_profile("acme-kalos").hour_of_day, atol=2e-3)
 
 
-def test_seren_calibration_and_speed(seren30):
-    jobs, elapsed = seren30
-    assert elapsed < 10  # ~1.5 s on a laptop; generous for slow CI
+def test_seren_calibration(seren30):
+    jobs = seren30
     cls, gpus, dur, gt = _arrays(jobs)
     assert abs(len(jobs) - 30 * 663813 / 183) < 0.05 * 30 * 663813 / 183
     assert abs(gt[cls == "pretrain"].sum() / gt.sum() - 0.695) < 0.12

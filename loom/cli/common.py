@@ -8,6 +8,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.console import Console, ConsoleDimensions
+
+PIPED_WIDTH = 200  # columns when the output is not a terminal (rich would assume 80 and cut tables)
+
+
+class WideConsole(Console):
+    """A rich console that, writing to a pipe or a file, is `PIPED_WIDTH` wide instead of 80,
+    so tables are not cut with '…'. A terminal, an explicit `width` or `$COLUMNS` still rule."""
+
+    @property  # type: ignore[override]
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self._width is None and "COLUMNS" not in self._environ and not self.is_terminal:
+            return ConsoleDimensions(max(size.width, PIPED_WIDTH), size.height)
+        return size
+
+    @size.setter
+    def size(self, new_size: tuple[int, int]) -> None:
+        self._width, self._height = new_size
+
 
 def use_plan_cache(path: Path | None) -> None:
     """Point `loom.perf.plan_cache` at `path` for this process and the workers it starts."""

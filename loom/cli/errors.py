@@ -7,12 +7,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import typer
-from rich.console import Console
 
+from loom.cli.common import WideConsole
 from loom.errors import LoomInputError
 
 F = TypeVar("F", bound=Callable[..., Any])
-err_console = Console(stderr=True)
+err_console = WideConsole(stderr=True)
 
 
 def user_errors(fn: F) -> F:

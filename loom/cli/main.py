@@ -7,13 +7,11 @@ and exit with status 2; they never show a traceback.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from loom.cli import experiment as experiment_cli
@@ -23,8 +21,12 @@ from loom.cli import predict as predict_cli
 from loom.cli import report as report_cli
 from loom.cli import traces as traces_cli
 from loom.cli import workload as workload_cli
-from loom.cli.common import use_plan_cache
+from loom.cli.common import WideConsole, use_plan_cache
 from loom.cli.errors import err_console, user_errors
+from loom.errors import LoomInputError
+
+if TYPE_CHECKING:
+    from loom.config import SimConfig
 
 app = typer.Typer(help="Loom: an LLM-aware GPU cluster scheduler and simulator.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -37,14 +39,32 @@ place_cli.register(app)
 workload_cli.register(app)
 experiment_cli.register(app)
 predict_cli.register(app)
-console = Console()
+console = WideConsole()
+
+
+def _version(value: bool) -> None:
+    if value:
+        import loom
+
+        typer.echo(f"loom {loom.version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(version: bool = typer.Option(None, "--version", callback=_version, is_eager=True,
+                                      help="Print Loom's version and exit.")) -> None:
+    """Loom: an LLM-aware GPU cluster scheduler and simulator."""
+
+
+RECORDED_FAILURES = ("drop", "keep")  # the values of the config's `recorded_failures` (tests check they agree)
 
 
 @app.command()
 @user_errors
 def simulate(
     config: Path = typer.Option(None, "--config", "-c", help="YAML config; flags below override its fields."),
-    trace: str = typer.Option(None, help="Trace: a name (philly) or FORMAT:PATH (rfold:FILE)."),
+    trace: str = typer.Option(None, help="Trace: a name (philly, see `loom traces list`), FORMAT:PATH "
+                              "(rfold:FILE) or a trace file (its format recognised from its header)."),
     cluster: str = typer.Option(None, help="Cluster: a name (see `loom clusters list`) or FORMAT:PATH."),
     policy: str = typer.Option(None, help="Scheduling policy (see `loom plugins`)."),
     placer: str = typer.Option(None, help="Placer (see `loom plugins`)."),
@@ -52,12 +72,23 @@ def simulate(
                                     "(time from model, batch and iterations; for Crius/Arena traces)."),
     seed: int = typer.Option(None, help="Random seed (default 0)."),
     out: Path = typer.Option(None, "--out", "-o", help="Output directory (default runs/latest)."),
+    force: bool = typer.Option(False, "--force", "-f", help="Replace a run already in the output directory "
+                               "(its files this run does not write are removed). Without it such a directory "
+                               "is refused, except the default runs/latest: a scratch directory, always replaced."),
     limit: int = typer.Option(None, help="Simulate only the first N jobs of the trace."),
+    load: float = typer.Option(None, "--load", metavar="X", help="Compress arrivals X times (2 = twice the "
+                               "arrival rate; sizes and durations unchanged) so a light trace loads its cluster."),
+    repeat: int = typer.Option(None, "--repeat", metavar="N", help="Replay the (scaled) trace N times back to "
+                               "back (job ids get #2, #3, …)."),
     round_interval: float = typer.Option(None, help="Also run a scheduling round every S seconds."),
     decision_log: bool = typer.Option(None, "--decision-log/--no-decision-log", help="Write decisions.jsonl."),
     report: bool = typer.Option(None, "--report/--no-report", help="Write report.html."),
     failures: str = typer.Option(None, help="Node failures: infinitehbd (the real fault trace), rate:R "
                                  "(per node per day) or a fault-trace JSON; turns on checkpoints and recovery."),
+    recorded_failures: str = typer.Option(
+        None, "--recorded-failures", metavar="|".join(RECORDED_FAILURES).upper(),
+        help="With --failures, the trace's jobs recorded as failed: drop (the default: they already end at "
+             "their recorded failure, which the injected failures would count twice) or keep (replay them)."),
     job_failures: str = typer.Option(None, help="Job-level failures from the Acme taxonomy: acme or acme-log "
                                      "(only into jobs the trace did not record as failed)."),
     checkpoint: str = typer.Option(None, help="Periodic checkpoints: async or sync (prices interruptions)."),
@@ -69,61 +100,77 @@ def simulate(
                                "launches, the default; turns the config's launch section off)."),
     plan_cache: Path = typer.Option(None, "--plan-cache", help="SQLite file keeping plan searches' answers "
                                     "across runs (the LOOM_PLAN_CACHE variable does the same)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary (the dict in summary.json) as JSON on "
+                                 "stdout and nothing else there; progress and notes go to stderr."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar."),
 ) -> None:
     """Replay a trace on a cluster with a policy and a placer; write metrics to --out."""
     from loom.config import load_config
-    from loom.errors import LoomInputError
-    from loom.run import run
 
     use_plan_cache(plan_cache)
+    _check_launch(launch)
+    cfg = load_config(config, {
+        "trace": trace, "cluster": cluster, "policy": policy, "placer": placer, "speed_model": speed_model, "seed": seed,
+        "outputs.dir": str(out) if out else None, "limit_jobs": limit, "load": load, "repeat": repeat,
+        "round_interval_s": round_interval,
+        "outputs.decision_log": decision_log, "outputs.report": report, "failures_from": failures,
+        "recorded_failures": recorded_failures, "job_failures": job_failures,
+        "interruptions.checkpoint_mode": checkpoint,
+        "interruptions.checkpoint_interval_s": parse_duration(checkpoint_interval, "--checkpoint-interval"),
+        "recovery.replacement": recovery, "recovery.spares_per_minipod": spares,
+        **({"launch": "none"} if launch == "none" else {"launch.profile": launch}),
+    })
+    if recorded_failures is not None and cfg.failures_from is None:
+        raise LoomInputError("only applies with --failures (failures_from); without injected node failures "
+                             "the trace's failed jobs are replayed as recorded", field="--recorded-failures")
+    _claim_out_dir(cfg, force)
+    try:
+        _run_and_show(cfg, as_json=as_json, quiet=quiet)
+    except LoomInputError as exc:  # a config field the run found wrong: point at its line in the file
+        from loom.config import locate_in_config
+
+        raise locate_in_config(exc, config) from None
+
+
+def _check_launch(launch: str | None) -> None:
     if launch is not None:
         from loom.sim.launch import PROFILES
 
         if launch not in PROFILES:
             raise LoomInputError(f"unknown launch profile '{launch}' (known: {', '.join(PROFILES)})", field="--launch")
 
-    cfg = load_config(config, {
-        "trace": trace, "cluster": cluster, "policy": policy, "placer": placer, "speed_model": speed_model, "seed": seed,
-        "outputs.dir": str(out) if out else None, "limit_jobs": limit, "round_interval_s": round_interval,
-        "outputs.decision_log": decision_log, "outputs.report": report, "failures_from": failures, "job_failures": job_failures,
-        "interruptions.checkpoint_mode": checkpoint,
-        "interruptions.checkpoint_interval_s": parse_duration(checkpoint_interval, "--checkpoint-interval"),
-        "recovery.replacement": recovery, "recovery.spares_per_minipod": spares,
-        **({"launch": "none"} if launch == "none" else {"launch.profile": launch}),
-    })
-    if quiet:
-        outputs = run(cfg)
+
+def _claim_out_dir(cfg: SimConfig, force: bool) -> None:
+    """Refuse an output directory holding a run, unless --force or it is the default scratch directory."""
+    from loom.run import claim_out_dir
+
+    out = Path(cfg.outputs.dir)
+    scratch = "dir" not in cfg.outputs.model_fields_set  # neither --out nor the config chose it
+    previous = claim_out_dir(out, replace=force or scratch)
+    if previous is not None and scratch and not force:
+        err_console.print(f"replacing the run in {out} ({previous.describe()}): the default scratch "
+                          "directory; --out DIR keeps a run", style="dim", highlight=False, soft_wrap=True)
+
+
+def _run_and_show(cfg: SimConfig, *, as_json: bool, quiet: bool) -> None:
+    from loom.cli.run_view import RunDisplay, dropped_line, rejections_line, summary_table
+    from loom.run import run
+
+    with RunDisplay(err_console, enabled=not quiet) as display:
+        outputs = run(cfg, display.factory, display.stage)
+    if (note := dropped_line(outputs.dropped, cfg.limit_jobs)) is not None:
+        err_console.print(note, style="yellow", highlight=False, soft_wrap=True)
+    where = f"outputs in [bold]{outputs.out_dir}[/]: {', '.join(outputs.files)}"
+    if as_json:
+        sys.stdout.write(json.dumps(outputs.summary, indent=2) + "\n")
+        err_console.print(where, highlight=False, soft_wrap=True)
     else:
-        with Progress(TextColumn("[bold]simulating"), BarColumn(), TextColumn("{task.percentage:>3.0f}% of trace span"),
-                      TimeElapsedColumn(), console=err_console, transient=True) as bar:
-            task = bar.add_task("sim", total=1.0)
-
-            def factory(sim: Any) -> Callable[[float], None]:
-                first = sim.jobs[0].spec.submit_time if sim.jobs else 0.0
-                span = max(1.0, (sim.jobs[-1].spec.submit_time - first) if sim.jobs else 1.0)
-                return lambda now: bar.update(task, completed=min(1.0, (now - first) / span))
-
-            outputs = run(cfg, factory)
-    _print_summary(outputs.summary, outputs.out_dir)
-    if (note := _rejections(outputs.result)) is not None:
-        err_console.print(f"[yellow]{note}[/]")
-
-
-def _rejections(result: Any) -> str | None:
-    """A line naming the most frequent reason jobs were rejected (None: none were), so a run
-    whose jobs could not be priced or placed says why without opening jobs.parquet."""
-    from collections import Counter
-
-    from loom.core.jobs import JobState
-
-    rejected = [job.reason for job in result.jobs if job.state is JobState.REJECTED]
-    if not rejected:
-        return None
-    kinds = Counter(reason.split(":", 1)[0] for reason in rejected)  # reasons differ in their details
-    kind, count = kinds.most_common(1)[0]
-    example = next(reason for reason in rejected if reason.split(":", 1)[0] == kind)
-    return f"{len(rejected):,} job(s) rejected; {count:,} of them like this one: {example}"
+        console.print(summary_table(outputs.summary))
+        console.print(where, highlight=False, soft_wrap=True)
+    if (note := rejections_line(outputs.result)) is not None:
+        err_console.print(note, style="yellow", highlight=False, soft_wrap=True)
+    for warning in outputs.summary.get("warnings", []):
+        err_console.print(f"warning: {warning['message']}", style="yellow", highlight=False, soft_wrap=True)
 
 
 def parse_duration(text: str | None, flag: str) -> float | None:
@@ -143,22 +190,6 @@ def parse_duration(text: str | None, flag: str) -> float | None:
     if not value > 0 or value == float("inf"):
         raise LoomInputError(f"'{text}' is not a positive duration (e.g. 900, 30m, 2h, 1d)", field=flag)
     return value
-
-
-def _print_summary(stats: dict[str, Any], out_dir: Path) -> None:
-    table = Table(title="summary", show_header=False)
-    for key in ("jobs", "finished", "rejected", "unfinished", "avg_jct_s", "p50_jct_s", "p99_jct_s",
-                "avg_queue_s", "p99_queue_s", "makespan_s", "gpu_utilization", "preemptions",
-                "sim_wall_s", "events_per_s", "decision_ms_median", "decision_ms_p99", "failed", "goodput_fraction",
-                "gpu_hours_lost_to_failures", "gpu_hours_checkpointing", "recoveries", "recovery_s_median",
-                "avg_setup_s", "launch_failures"):
-        if key not in stats or stats[key] is None:
-            continue
-        value = stats[key]
-        table.add_row(key, f"{value:,.3f}" if isinstance(value, float) else f"{value:,}")
-    console.print(table)
-    written = [p.name for p in sorted(out_dir.iterdir()) if p.is_file()]
-    console.print(f"outputs in [bold]{out_dir}[/]: {', '.join(written)}")
 
 
 @clusters_app.command("list")

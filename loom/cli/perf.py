@@ -239,26 +239,80 @@ def estimate(
         _fail(best.reason)
 
 
-def _cells_section(result: Any, job: Any, hardware: Any, gpus: int) -> Table | None:
-    """Crius Cells for this job on this GPU type: counts N/2, N, 2N × stages,
-    each with its grid-sampled estimate (per stage DP-only or TP-only)."""
-    from loom.perf.cells import build_cells
+CELLS_NOTE = ("z: ZeRO stage; sampled: the Crius grid sample that ranks Cells (per stage DP-only or TP-only, "
+              "ZeRO-1, full recomputation only when that does not fit); tuned: the fastest plan on the Cell's GPUs with "
+              "pp = its stages, i.e. `loom plan --gpus G --pp S`'s first (same plan, same time as the plan table; "
+              "not for Cells whose stages are unequal)")
 
-    cells = build_cells(job, gpus, {hardware.gpu_type: hardware})
-    table = Table("GPUs×stages", "GPUs/stage", "layers/stage", "sides", "iter s", "tokens/s", "MFU", "note",
-                  title=f"Crius Cells for {gpus} requested {hardware.gpu_type} GPUs (grid-sampled estimates)")
-    for c in cells:
-        e = c.estimate
-        table.add_row(
-            f"{c.cell.gpus}×{c.cell.stages}",
-            _compact([p.gpus for p in c.parts]),
-            _compact([p.layers for p in c.parts]),
-            _compact(list(c.sides)) or "-",
-            f"{e.iteration_s:.3f}" if e else "-",
-            f"{e.tokens_per_s:,.0f}" if e else "-",
-            f"{e.mfu:.1%}" if e else "-",
-            c.reason if e is None else "",
-        )
+
+def _cell_rows(job: Any, hardware: Any, gpus: int, placement: Any) -> list[tuple[Any, Any]]:
+    """Crius Cells for N/2, N, 2N GPUs × stages, best sampled first: (grid-sampled
+    `CellEstimate`, the tuned `Estimate`, or None when nothing fits or the stages are unequal)."""
+    from loom.perf.cells import build_cells
+    from loom.perf.search import fastest_plan
+
+    def tuned(c: Any) -> Any:
+        if not c.parts or _unequal(c):
+            return None
+        return fastest_plan(job, hardware, c.cell.gpus, placement=placement, choices=Choices(pp=c.cell.stages))
+
+    return [(c, tuned(c)) for c in build_cells(job, gpus, {hardware.gpu_type: hardware})]
+
+
+def _unequal(c: Any) -> bool:
+    """Whether a Cell's stages differ in GPUs or layers (no uniform plan matches it)."""
+    return len({(p.gpus, p.layers) for p in c.parts}) > 1
+
+
+def _knobs(plan: Any) -> str:
+    """'dp64·tp1·pp1 mb1 z2' (+ ' full' / ' sel' recomputation): a plan, compactly."""
+    zero = f"z{plan.zero_stage}" + (f"/{plan.zero_shard}" if plan.zero_shard else "")
+    recompute = {"none": "", "selective": " sel"}.get(plan.recompute, f" {plan.recompute}")
+    return f"{plan} mb{plan.micro_batch} {zero}{recompute}"
+
+
+def _short_reason(reason: str) -> str:
+    """'out of memory: 262.7 GiB per GPU needed …' → 'OOM 263G'."""
+    if reason.startswith("out of memory:"):
+        return f"OOM {float(reason.split(':')[1].split('GiB')[0]):.0f}G"
+    return "batch ∤ DP" if reason.startswith("global batch") else reason
+
+
+def _sampled_cells(c: Any) -> tuple[str, str]:
+    """(sampled sides and recomputation, sampled iter s) of one Cell."""
+    e = c.estimate
+    if e is None:
+        return "-", _short_reason(c.reason)
+    sides = _compact(list(c.sides)).removeprefix("all ")
+    return sides + ("" if e.plan.recompute == "none" else f" {e.plan.recompute}"), f"{e.iteration_s:.3f}"
+
+
+def _tuned_cells(c: Any, tuned: Any) -> tuple[str, str]:
+    """(tuned plan, tuned iter s) of one Cell."""
+    if tuned is None:
+        return ("unequal stages", "-") if _unequal(c) else ("-", "no fit" if c.parts else "-")
+    return _knobs(tuned.plan), f"{tuned.iteration_s:.3f}"
+
+
+def _cells_note(placement: Any) -> str:
+    from loom.perf.inputs import PACKED
+
+    return CELLS_NOTE + ("; sampled Cells are priced packed in one minipod" if placement != PACKED else "")
+
+
+def _cells_table(rows: list[tuple[Any, Any]], hardware: Any, gpus: int) -> Table:
+    from rich import box
+
+    number = {"justify": "right", "no_wrap": True}
+    fold = {"no_wrap": True, "overflow": "ellipsis", "max_width": 7}
+    table = Table(Column("GPUs×\nstages", no_wrap=True, min_width=7), Column("GPUs/\nstage", **fold),
+                  Column("layers/\nstage", **fold), Column("sampled\nsides", **fold),
+                  Column("sampled\niter s", **number, min_width=8), Column("tuned plan", min_width=14),
+                  Column("tuned\niter s", **number, min_width=7), box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0),
+                  show_edge=False, title=f"Crius Cells for {gpus} requested {hardware.gpu_type} GPUs")
+    for c, tuned in rows:
+        table.add_row(f"{c.cell.gpus}×{c.cell.stages}", _compact([p.gpus for p in c.parts]),
+                      _compact([p.layers for p in c.parts]), *_sampled_cells(c), *_tuned_cells(c, tuned))
     return table
 
 
@@ -279,18 +333,13 @@ def plan(
         Choices(tp, pp, dp, micro_batch, vpp, zero, recompute.value if recompute else None))
     _check_pinned(job, gpus, knobs)
     result = _search(job, hardware, gpus, knobs, top=top, placement=placement)
-    if as_json:
-        body = {"considered": result.considered, "feasible": result.feasible, "reason": result.reason,
-                "plans": [e.as_dict() for e in result.top]}
-        if cells:
-            body["cells"] = _cells_json(job, hardware, gpus)
-        typer.echo(json.dumps(body, indent=2))
-    else:
-        _print_plans(job, hardware, gpus, result, cells)
     if not result.top:
-        if not as_json:
-            _fail(result.reason)
-        raise typer.Exit(1)
+        _nothing_fits(job, hardware, gpus, knobs, placement, result, as_json)
+    rows = _cell_rows(job, hardware, gpus, placement) if cells else None
+    if as_json:
+        typer.echo(json.dumps(_plan_json(result, rows), indent=2))
+    else:
+        _print_plans(job, hardware, gpus, result, rows, placement)
 
 
 def _compact(values: list[Any]) -> str:
@@ -300,28 +349,108 @@ def _compact(values: list[Any]) -> str:
     return "/".join(str(v) for v in values)
 
 
-def _cells_json(job: Any, hardware: Any, gpus: int) -> list[dict[str, Any]]:
-    from loom.perf.cells import build_cells
-
+def _cells_json(rows: list[tuple[Any, Any]]) -> list[dict[str, Any]]:
     return [
         {"gpus": c.cell.gpus, "stages": c.cell.stages, "stage_gpus": [p.gpus for p in c.parts],
          "stage_layers": [p.layers for p in c.parts], "sides": list(c.sides),
-         "estimate": c.estimate.as_dict() if c.estimate else None, "reason": c.reason}
-        for c in build_cells(job, gpus, {hardware.gpu_type: hardware})
+         "estimate": c.estimate.as_dict() if c.estimate else None, "reason": c.reason,
+         "tuned": tuned.as_dict() if tuned else None}
+        for c, tuned in rows
     ]
 
 
-def _print_plans(job: Any, hardware: Any, gpus: int, result: Any, show_cells: bool = True) -> None:
+def _plan_json(result: Any, rows: list[tuple[Any, Any]] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"considered": result.considered, "feasible": result.feasible, "reason": result.reason,
+                            "plans": [e.as_dict() for e in result.top]}
+    if rows is not None:
+        body["cells"] = _cells_json(rows)
+    return body
+
+
+def _print_plans(job: Any, hardware: Any, gpus: int, result: Any, rows: list[tuple[Any, Any]] | None,
+                 placement: Any) -> None:
     numbers = [Column(h, justify="right", no_wrap=True) for h in ("iter s", "tokens/s", "TFLOP/s/GPU", "MFU", "GiB/GPU")]
-    table = Table("#", "plan", *numbers, title=f"{job.model.name} on {gpus} × {hardware.gpu_type}: top {len(result.top)}")
+    table = Table("#", "tuned plan", *numbers,
+                  title=f"{job.model.name} on {gpus} × {hardware.gpu_type}: top {len(result.top)}")
     for rank, e in enumerate(result.top, 1):
         table.add_row(str(rank), e.plan.describe(), *_fmt_row(e))
-    if result.top:
-        console.print(table)
+    console.print(table)
     console.print(f"{result.considered:,} plans considered, {result.feasible:,} feasible", highlight=False)
-    cells = _cells_section(result, job, hardware, gpus) if show_cells else None
-    if cells is not None:
-        console.print(cells)
+    if rows is not None:
+        console.print(_cells_table(rows, hardware, gpus))
+        console.print(_cells_note(placement), style="dim", highlight=False)
+
+
+# -- when nothing fits: the one-line answer and the smallest change that fits ------------
+KNOB_FLAGS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "micro_batch": "--micro-batch", "vpp": "--vpp",
+              "zero": "--zero", "recompute": "--recompute"}
+MAX_GPU_FACTOR = 64  # look for a GPU count that fits up to 64 × the one asked for
+
+
+def _fits(job: Any, hardware: Any, gpus: int, knobs: Choices, placement: Any) -> bool:
+    from loom.perf.search import any_plan_fits
+
+    return any_plan_fits(job, hardware, gpus, placement=placement, choices=knobs)
+
+
+def _fewest_gpus(job: Any, hardware: Any, gpus: int, knobs: Choices, placement: Any) -> int | None:
+    """The fewest GPUs (> `gpus`, multiples of min(gpus, GPUs per node)) on which a plan fits:
+    doubling to bracket it, then stepping through the bracket (at most 64 steps)."""
+    lo, hi = gpus, 2 * gpus
+    while not _fits(job, hardware, hi, knobs, placement):
+        if hi >= MAX_GPU_FACTOR * gpus:
+            return None
+        lo, hi = hi, 2 * hi
+    unit = min(gpus, hardware.gpus_per_node)
+    step = max(unit, (hi - lo) // 64 // unit * unit)
+    return next((n for n in range(lo + step, hi, step) if _fits(job, hardware, n, knobs, placement)), hi)
+
+
+def _smallest_fix(job: Any, hardware: Any, gpus: int, knobs: Choices, placement: Any) -> tuple[str, Any] | None:
+    """(the change, the fastest plan after it): unpinning the fewest knobs given on the command
+    line (the fastest such choice), else the fewest more GPUs (with those knobs, else without);
+    None when none of these fits."""
+    from dataclasses import replace
+    from itertools import combinations
+
+    from loom.perf.search import fastest_plan
+
+    pinned = [name for name in KNOB_FLAGS if getattr(knobs, name) is not None]
+    for size in range(1, len(pinned) + 1):
+        frees = [(names, replace(knobs, **dict.fromkeys(names))) for names in combinations(pinned, size)]
+        fits = [(names, fastest_plan(job, hardware, gpus, placement=placement, choices=free))
+                for names, free in frees if _fits(job, hardware, gpus, free, placement)]
+        if fits:
+            names, best = min(fits, key=lambda found: found[1].iteration_s)
+            return "without " + ", ".join(f"{KNOB_FLAGS[n]} {getattr(knobs, n)}" for n in names), best
+    unpinned = " without " + ", ".join(KNOB_FLAGS[n] for n in pinned)
+    for free, also in ((replace(knobs, dp=None), ""), (Choices(zero_shard=knobs.zero_shard), unpinned)):
+        if (more := _fewest_gpus(job, hardware, gpus, free, placement)) is not None:  # a pinned dp fixes the count
+            return f"--gpus {more}{also}", fastest_plan(job, hardware, more, placement=placement, choices=free)
+        if not pinned:
+            break
+    return None
+
+
+def _fix_text(fix: tuple[str, Any] | None, gpus: int) -> str:
+    if fix is None:
+        return f"nothing fits on up to {MAX_GPU_FACTOR * gpus} GPUs of this type either"
+    change, e = fix
+    return (f"smallest change that fits: {change} ({e.plan.describe()}, {e.iteration_s:,.3f} s per iteration, "
+            f"{e.memory_gib_per_gpu:.1f} GiB/GPU)")
+
+
+def _nothing_fits(job: Any, hardware: Any, gpus: int, knobs: Choices, placement: Any, result: Any,
+                  as_json: bool) -> None:
+    """No plan fits: the reason and the smallest change that would fit (no tables); exit 1."""
+    fix = _smallest_fix(job, hardware, gpus, knobs, placement)
+    if as_json:
+        body = _plan_json(result, None)
+        body["fix"] = None if fix is None else {"change": fix[0], "plan": fix[1].as_dict()}
+        typer.echo(json.dumps(body, indent=2))
+        raise typer.Exit(1)
+    console.print(f"{result.considered:,} plans considered, 0 feasible", highlight=False)
+    _fail(f"{result.reason}; {_fix_text(fix, gpus)}")
 
 
 def register(app: typer.Typer) -> None:

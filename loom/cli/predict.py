@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +13,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from loom.cli.errors import user_errors
+from loom.cli.errors import err_console, user_errors
 from loom.errors import LoomInputError
 
 app = typer.Typer(help="Train and evaluate the JCT predictor (LightGBM over submit-time metadata).",
@@ -33,9 +35,32 @@ def _check_mode(mode: str) -> str:
     return mode
 
 
-def _load(trace: str, cache: bool) -> Any:
+@contextmanager
+def _phases() -> Iterator[Callable[[str, int, int], None]]:
+    """A progress bar on stderr; the callback `(phase, done, total)` starts a bar per new phase
+    (finishing the previous one) and advances it; total 0 is an open-ended phase."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn())
+    with Progress(*columns, console=err_console, transient=True) as bar:
+        tasks: dict[str, Any] = {}
+
+        def report(phase: str, done: int, total: int) -> None:
+            if phase not in tasks:
+                for task in tasks.values():
+                    bar.update(task, completed=bar.tasks[task].total or 1, total=bar.tasks[task].total or 1)
+                tasks[phase] = bar.add_task(phase, total=total or None)
+            bar.update(tasks[phase], completed=done)
+
+        yield report
+
+
+def _load(trace: str, cache: bool, report: Callable[[str, int, int], None] | None = None) -> Any:
     from loom.workload.loaders import load_trace
 
+    if report is not None:
+        report(f"loading trace {trace}", 0, 0)
     return load_trace(trace, cache=cache)
 
 
@@ -57,10 +82,12 @@ def train(trace: str = typer.Option(..., "--trace", help="A named trace or FORMA
     _check_mode(mode)
     if bags < 1:
         raise LoomInputError("--bags must be ≥ 1", field="bags")
-    jobs = _load(trace, cache)
-    specs = jobs if train_frac >= 1.0 else time_split(jobs, train_frac).train
-    model = JctPredictor(mode=mode, n_bags=bags, seed=seed).fit(specs)
-    model.save(out)
+    with _phases() as report:
+        jobs = _load(trace, cache, report)
+        specs = jobs if train_frac >= 1.0 else time_split(jobs, train_frac).train
+        model = JctPredictor(mode=mode, n_bags=bags, seed=seed).fit(specs, progress=report)
+        report(f"writing {out}", 0, 0)
+        model.save(out)
     removed = sum(1 for s in specs if s.duration is not None) - len(training_jobs(specs))
     console.print(f"trained {mode} predictor on {model.n_train} jobs of {trace} "
                   f"({removed} killed early removed); wrote {out}", highlight=False)
@@ -88,9 +115,12 @@ def evaluate(trace: str = typer.Option(..., "--trace", help="A named trace or FO
         _check_mode(m)
     if bags < 1:
         raise LoomInputError("--bags must be ≥ 1", field="bags")
-    loaded = JctPredictor.load(model) if model is not None else None
-    res = evaluate_specs(_load(trace, cache), modes=mode, train_frac=train_frac, seed=seed, n_bags=bags,
-                         model=loaded)
+    with _phases() as report:
+        if model is not None:
+            report(f"loading model {model}", 0, 0)
+        loaded = JctPredictor.load(model) if model is not None else None
+        res = evaluate_specs(_load(trace, cache, report), modes=mode, train_frac=train_frac, seed=seed,
+                             n_bags=bags, model=loaded, progress=report)
     res["trace"] = trace
     if as_json:
         typer.echo(json.dumps(res, indent=2))

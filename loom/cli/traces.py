@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter, defaultdict
+from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
-from loom.cli.errors import user_errors
+from loom.cli.errors import err_console, user_errors
 
 app = typer.Typer(help="Validate and summarise traces.", no_args_is_help=True)
 console = Console()
@@ -25,15 +26,79 @@ def _load(spec: str, cache: bool) -> Any:
     return load_trace(spec, cache=cache)
 
 
+TRACE_HELP = "A named trace (`loom traces list`), FORMAT:PATH (e.g. csv:jobs.csv) or a trace file's path."
+
+
 @app.command("validate")
 @user_errors
-def validate(trace: str = typer.Argument(..., help="A named trace or FORMAT:PATH (e.g. csv:jobs.csv)."),
+def validate(trace: str = typer.Argument(..., help=TRACE_HELP),
              cache: bool = typer.Option(True, "--cache/--no-cache", help="Use the Parquet trace cache.")) -> None:
     """Parse every row; print 'ok: N jobs' or the first bad row (file, line, column) and exit 2."""
-    jobs = _load(trace, cache)
+    from loom.workload.loaders import trace_source
+
+    source = trace_source(trace)
+    jobs = _load(f"{source.fmt}:{source.path}", cache)
     skipped = getattr(jobs, "skipped", {})
     extra = f" ({', '.join(f'{n} {why} skipped' for why, n in skipped.items())})" if skipped else ""
-    console.print(f"ok: {len(jobs)} jobs{extra}", highlight=False)
+    how = f"; format {source.fmt}, recognised from the header" if source.how == "inferred" else ""
+    console.print(f"ok: {len(jobs)} jobs{extra}{how}", highlight=False)
+
+
+@app.command("list")
+@user_errors
+def list_traces(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+    """Named traces: format, jobs (when the trace cache knows), file, and whether it is present."""
+    rows, problem = named_trace_rows()
+    if problem:
+        err_console.print(f"[yellow]warning:[/] {problem}", highlight=False, soft_wrap=True)
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    root = rows[0]["root"] if rows else None
+    table = Table(Column("name", no_wrap=True), "format", Column("jobs", justify="right"),
+                  Column("file", overflow="fold"), "status",
+                  title=f"named traces in {root}" if root else "named traces (traces folder not found)",
+                  caption="jobs: shown once the trace has been parsed (kept in the trace cache)")
+    for row in rows:
+        jobs = "" if row["jobs"] is None else f"{row['jobs']:,}"
+        status = "[green]present[/]" if row["present"] else "[red]missing[/]"
+        table.add_row(row["name"], row["format"], jobs, row["file"], status)
+    console.print(table)
+
+
+def named_trace_rows() -> tuple[list[dict[str, Any]], str | None]:
+    """One dict per named trace, and why the traces folder was not found (None when it was)."""
+    from loom.errors import LoomInputError
+    from loom.paths import shared_traces_dir
+    from loom.workload.loaders import NAMED_TRACES
+
+    try:
+        root: Path | None = shared_traces_dir()
+        problem = None
+    except LoomInputError as exc:
+        root, problem = None, f"{exc}; every trace is shown as missing"
+    rows = []
+    for name, (fmt, rel) in NAMED_TRACES.items():
+        path = root / rel if root is not None else None
+        present = path is not None and path.is_file()
+        rows.append({"name": name, "format": fmt, "jobs": _cached_jobs(fmt, path) if present else None,
+                     "file": rel, "root": str(root) if root else None, "present": present})
+    return rows, problem
+
+
+def _cached_jobs(fmt: str, path: Path | None) -> int | None:
+    """The job count of a trace already in the Parquet cache (None when it was never parsed)."""
+    from loom.workload.cache import cache_path
+
+    try:
+        target = cache_path(fmt, path) if path is not None else None
+        if target is None or not target.is_file():
+            return None
+        import pyarrow.parquet as pq
+
+        return int(pq.ParquetFile(target).metadata.num_rows)
+    except Exception:  # noqa: BLE001 - an unreadable cache only means "unknown"
+        return None
 
 
 def _bucket(gpus: int) -> str:
@@ -84,7 +149,7 @@ def trace_stats(jobs: list) -> dict[str, Any]:
 
 @app.command("stats")
 @user_errors
-def stats(trace: str = typer.Argument(..., help="A named trace or FORMAT:PATH."),
+def stats(trace: str = typer.Argument(..., help=TRACE_HELP),
           as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
           cache: bool = typer.Option(True, "--cache/--no-cache", help="Use the Parquet trace cache.")) -> None:
     """Jobs, span, GPU-size histogram, GPU-time shares by size, per class and per VC."""

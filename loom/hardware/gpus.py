@@ -8,7 +8,6 @@ TFLOP/s or bandwidth figure.
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass
 from functools import lru_cache
@@ -18,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from loom.errors import LoomInputError, UnknownNameError
+from loom.errors import LoomInputError, UnknownNameError, did_you_mean
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +62,8 @@ def gpu_spec(name: str) -> GpuSpec:
     try:
         return specs[name]
     except KeyError:
-        by_lower = {known.lower(): known for known in specs}
-        close = [by_lower[m] for m in difflib.get_close_matches(name.lower(), by_lower, n=3)]
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise UnknownNameError(
-            f"unknown GPU type '{name}' (known: {', '.join(sorted(specs))}){hint}"
+            f"unknown GPU type '{name}' (known: {', '.join(sorted(specs))}){did_you_mean(name, specs)}"
         ) from None
 
 
@@ -188,7 +184,6 @@ def resolve_gpu_type(name: str, *, source: str | None, line: int | None = None, 
     by_lower = {k.lower(): v for k, v in {**{k: k for k in known}, **aliases}.items()}
     if name.lower() in by_lower:
         return by_lower[name.lower()]
-    close = difflib.get_close_matches(name, [*known, *aliases], n=2)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    hint = did_you_mean(name, [*known, *aliases])
     raise LoomInputError(f"unknown GPU type '{name}' (known: {', '.join(sorted(known))}){hint}",
                          source=source, line=line, field=field)

@@ -28,7 +28,7 @@ import numpy as np
 from loom.errors import LoomInputError
 from loom.predict import features as F
 from loom.predict.baseline import RecentHistoryBaseline
-from loom.predict.model import JctPredictor, Prediction
+from loom.predict.model import JctPredictor, Prediction, ProgressFn
 from loom.workload.job import JobSpec
 
 
@@ -70,13 +70,13 @@ def metrics(pred: Prediction, specs: Sequence[JobSpec]) -> dict[str, float]:
 
 def evaluate_specs(specs: Sequence[JobSpec], modes: Sequence[str] = ("classify",), train_frac: float = 0.7,
                    seed: int = 0, n_bags: int = 5, model: JctPredictor | None = None,
-                   baseline: bool = True) -> dict[str, Any]:
-    """Train (unless `model` is given) and evaluate on a time-ordered split.
+                   baseline: bool = True, progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Train (unless `model` is given) and evaluate on a time-ordered split; `progress`
+    hears each predictor's phases as "NAME: phase" (features, training bags, predicting).
 
     Returns {"train_jobs", "test_jobs", "removed_killed_early", "results": {name: metrics}}.
     """
     split = time_split(specs, train_frac)
-    results: dict[str, dict[str, float]] = {}
     train_used = len(F.training_jobs(split.train))
     predictors: list[tuple[str, Any]] = []
     if model is not None:
@@ -85,19 +85,36 @@ def evaluate_specs(specs: Sequence[JobSpec], modes: Sequence[str] = ("classify",
         predictors += [(f"gbm-{m}", JctPredictor(mode=m, seed=seed, n_bags=n_bags)) for m in modes]
     if baseline:
         predictors.append(("baseline", RecentHistoryBaseline()))
-    for name, pred in predictors:
-        t0 = time.perf_counter()
-        if not (model is not None and pred is model):
-            pred.fit(split.train)
-        fit_s = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        p = pred.predict(split.test, history=split.test)
-        row = metrics(p, split.test)
-        row["train_s"] = fit_s
-        row["predict_s"] = time.perf_counter() - t1
-        results[name] = row
+    results = {name: _evaluate_one(name, pred, split, trained=pred is model, progress=progress)
+               for name, pred in predictors}
     return {"train_jobs": train_used, "test_jobs": len(split.test),
             "removed_killed_early": len(split.train) - train_used, "results": results}
+
+
+def _evaluate_one(name: str, pred: Any, split: Split, trained: bool, progress: ProgressFn | None) -> dict[str, float]:
+    """Fit (unless `trained`) and score one predictor; its phases reported as "NAME: phase"."""
+    def report(phase: str, done: int, total: int) -> None:
+        if progress is not None:
+            progress(f"{name}: {phase}", done, total)
+
+    gbm = isinstance(pred, JctPredictor)
+    t0 = time.perf_counter()
+    if gbm and not trained:
+        pred.fit(split.train, progress=report)
+    elif not trained:
+        report("fitting", 0, 1)
+        pred.fit(split.train)
+    fit_s = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    if gbm:
+        p = pred.predict(split.test, history=split.test, progress=report)
+    else:
+        report("predicting", 0, 1)
+        p = pred.predict(split.test, history=split.test)
+    row = metrics(p, split.test)
+    row["train_s"] = fit_s
+    row["predict_s"] = time.perf_counter() - t1
+    return row
 
 
 def evaluate_trace(trace: str, **kwargs: Any) -> dict[str, Any]:

@@ -31,6 +31,8 @@ from loom.workload.job import FinalStatus, JobClass, JobSpec
 
 FORMAT_VERSION = 1
 MODES = ("classify", "regress")
+# progress(phase, done, total): called as each long phase starts and advances (e.g. a CLI bar)
+ProgressFn = Callable[[str, int, int], None]
 _RES_GRID = np.linspace(0.005, 0.995, 100)
 
 
@@ -61,6 +63,10 @@ def _params(mode: str, seed: int, num_threads: int) -> dict[str, Any]:
     return p
 
 
+def _silent(phase: str, done: int, total: int) -> None:
+    """The default progress callback: report nothing."""
+
+
 class JctPredictor:
     def __init__(self, mode: str = "classify", n_bags: int = 5, num_rounds: int | None = None, seed: int = 0,
                  quantiles: Sequence[float] = (0.5, 0.9), num_threads: int = 2, history_k: int = F.HISTORY_K):
@@ -83,14 +89,18 @@ class JctPredictor:
         self.n_train = 0
 
     # ------------------------------------------------------------------ fit
-    def fit(self, specs: Sequence[JobSpec]) -> JctPredictor:
-        """Train on jobs with a duration, minus those killed early (`features.killed_early`)."""
+    def fit(self, specs: Sequence[JobSpec], progress: ProgressFn | None = None) -> JctPredictor:
+        """Train on jobs with a duration, minus those killed early (`features.killed_early`);
+        `progress` hears the feature building and each bag's training."""
+        report = progress or _silent
         train = sorted(F.training_jobs(specs), key=lambda s: s.submit_time)
         if len(train) < 10:
             raise LoomInputError(f"need at least 10 jobs with durations to train, got {len(train)}", field="trace")
         self.pool = list(train)
         self.vocab = F.build_vocab(train)
+        report(f"building features of {len(train):,} training jobs", 0, 1)
         X = F.feature_matrix(train, self.pool, self.vocab, self.history_k)
+        report(f"building features of {len(train):,} training jobs", 1, 1)
         dur = np.array([s.duration for s in train], dtype=float)
         bins = F.duration_bin(dur)
         last = np.sort(dur[bins == F.MAX_BIN])
@@ -101,6 +111,7 @@ class JctPredictor:
         self.boosters = []
         oob_res: list[np.ndarray] = []
         for b in range(self.n_bags):
+            report(f"training {self.n_bags} {self.mode} bag(s)", b, self.n_bags)
             idx = rng.integers(0, n, n) if self.n_bags > 1 else np.arange(n)
             weight = np.bincount(idx, minlength=n).astype(float)
             keep = weight > 0
@@ -113,23 +124,29 @@ class JctPredictor:
             if self.mode == "regress":
                 out = ~keep if (~keep).any() else keep
                 oob_res.append(y[out] - booster.predict(X[out], num_threads=self.num_threads))
+        report(f"training {self.n_bags} {self.mode} bag(s)", self.n_bags, self.n_bags)
         if self.mode == "regress":
             self.residuals = np.sort(np.concatenate(oob_res))
         self.n_train = n
         return self
 
     # -------------------------------------------------------------- predict
-    def predict(self, specs: Sequence[JobSpec], history: Sequence[JobSpec] = ()) -> Prediction:
+    def predict(self, specs: Sequence[JobSpec], history: Sequence[JobSpec] = (),
+                progress: ProgressFn | None = None) -> Prediction:
         """Predict from submit-time features. History features use the training
         jobs plus `history` (e.g. the evaluated jobs themselves: each job only sees
-        the ones that ended before its submit)."""
+        the ones that ended before its submit); `progress` hears features and prediction."""
         if not self.boosters:
             raise LoomInputError("predictor is not trained", field="model")
+        report = progress or _silent
         pool = self.pool + list(history) if history else self.pool
+        report(f"building features of {len(specs):,} jobs", 0, 1)
         X = F.feature_matrix(list(specs), pool, self.vocab, self.history_k)
-        if self.mode == "classify":
-            return self._classify(X)
-        return self._regress(X)
+        report(f"building features of {len(specs):,} jobs", 1, 1)
+        report(f"predicting {len(specs):,} jobs", 0, 1)
+        out = self._classify(X) if self.mode == "classify" else self._regress(X)
+        report(f"predicting {len(specs):,} jobs", 1, 1)
+        return out
 
     def _classify(self, X: np.ndarray) -> Prediction:
         probs = np.mean([b.predict(X, num_threads=self.num_threads) for b in self.boosters], axis=0)

@@ -32,7 +32,7 @@ from loom.errors import LoomInputError
 from loom.workload.common import (Col, TraceJobs, build_specs, check_rows, epoch_seconds, parse_columns, read_csv,
                                   unique_ids)
 from loom.workload.job import FinalStatus, JobClass
-from loom.workload.loaders import LOADERS
+from loom.workload.loaders import LOADERS, declare_columns
 
 _COLS = [
     Col("job_id"),
@@ -47,6 +47,9 @@ _COLS = [
 CLASSES = {"pretrain": JobClass.PRETRAIN, "sft": JobClass.SFT, "evaluation": JobClass.EVAL, "debug": JobClass.DEBUG}
 STATES = {"completed": FinalStatus.COMPLETED, "failed": FinalStatus.FAILED, "node_fail": FinalStatus.FAILED,
           "timeout": FinalStatus.FAILED, "out_of_memory": FinalStatus.FAILED, "cancelled": FinalStatus.CANCELLED}
+
+
+declare_columns("acme", _COLS)
 
 
 @LOADERS.register("acme")

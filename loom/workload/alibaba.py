@@ -38,7 +38,7 @@ from loom.hardware.gpus import resolve_gpu_type
 
 from loom.workload.common import Col, TraceJobs, build_specs, check_rows, parse_columns, read_csv, unique_ids
 from loom.workload.job import FinalStatus
-from loom.workload.loaders import LOADERS
+from loom.workload.loaders import LOADERS, declare_columns
 
 # The pod's resources: shared with the time-less multi-GPU bag (alibaba_bag.py).
 POD_RESOURCE_COLS = [
@@ -58,6 +58,9 @@ _COLS = [
     Col("scheduled_time", "float", required=False),
 ]
 _PHASES = {"succeeded": FinalStatus.COMPLETED, "failed": FinalStatus.FAILED}
+
+
+declare_columns("alibaba-pods", _COLS)
 
 
 @LOADERS.register("alibaba-pods")

@@ -23,9 +23,12 @@ from pathlib import Path
 
 from loom.workload.alibaba import POD_RESOURCE_COLS, check_gpu_milli, gpu_fractions
 from loom.workload.common import TraceJobs, build_specs, read_rows
-from loom.workload.loaders import LOADERS
+from loom.workload.loaders import LOADERS, declare_columns
 
 _COLS = POD_RESOURCE_COLS
+
+
+declare_columns("alibaba-multigpu", _COLS)
 
 
 @LOADERS.register("alibaba-multigpu")

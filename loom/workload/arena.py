@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from loom.workload.common import Col, TraceJobs, build_specs, check_rows, read_rows
-from loom.workload.loaders import LOADERS
+from loom.workload.loaders import LOADERS, declare_columns
 
 GPU_NAMES = {"a100": "A100-40GB", "a40": "A40", "a10": "A10", "v100": "V100"}
 _COLS = [
@@ -33,6 +33,9 @@ _COLS = [
     Col("num_gpu", "int", min=1, min_message="GPU count must be ≥ 1"),
     Col("gpu_type"),
 ]
+
+
+declare_columns("arena", _COLS)
 
 
 @LOADERS.register("arena")

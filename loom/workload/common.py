@@ -27,8 +27,9 @@ from typing import Any
 
 import polars as pl
 
-from loom.errors import LoomInputError
+from loom.errors import FileProblem, LoomInputError
 from loom.workload.job import FinalStatus, JobClass, JobSpec
+from loom.workload.sniff import diagnose, open_text
 
 SPEC_FIELDS: tuple[str, ...] = tuple(f.name for f in fields(JobSpec))
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(JobSpec)}
@@ -70,7 +71,7 @@ def read_csv(path: Path, columns: Sequence[Col], *, allow_unknown: bool = True) 
     except pl.exceptions.NoDataError:
         raise LoomInputError("empty file (no header line)", source=str(path), line=1) from None
     except pl.exceptions.ComputeError as exc:
-        raise _ragged(path, exc) from None
+        raise (_not_csv(path) or _ragged(path, exc)) from None
     duplicated = [c for c in frame.columns if "_duplicated_" in c]
     if duplicated:
         name = duplicated[0].split("_duplicated_")[0].strip()
@@ -87,7 +88,8 @@ def read_csv(path: Path, columns: Sequence[Col], *, allow_unknown: bool = True) 
     names = [c.name for c in columns]
     missing = [c.name for c in columns if c.required and c.name not in frame.columns]
     if missing:
-        raise LoomInputError(f"missing columns {missing}; expected {names}", source=str(path), line=1)
+        raise _not_csv(path) or LoomInputError(f"missing columns {missing}; expected {names}", source=str(path),
+                                               line=1)
     if not allow_unknown:
         unknown = [c for c in frame.columns if c not in names]
         if unknown:
@@ -96,9 +98,15 @@ def read_csv(path: Path, columns: Sequence[Col], *, allow_unknown: bool = True) 
     return frame
 
 
+def _not_csv(path: Path) -> LoomInputError | None:
+    """Why the file is not comma-separated text (semicolons, binary, compressed...), if it is not."""
+    problem = diagnose(path)
+    return FileProblem(problem, source=str(path)) if problem else None
+
+
 def _ragged(path: Path, exc: Exception) -> LoomInputError:
     """Locate the first row whose field count differs from the header's."""
-    with path.open(newline="", encoding="utf-8", errors="replace") as fh:
+    with open_text(path) as fh:
         reader = csv.reader(fh)
         header = next(reader, None)
         if header is not None:

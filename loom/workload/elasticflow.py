@@ -26,7 +26,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from loom.workload.common import Col, TraceJobs, build_specs, check_rows, read_rows
-from loom.workload.loaders import LOADERS
+from loom.workload.loaders import LOADERS, declare_columns
 
 VC = "103959"
 _COLS = [
@@ -41,6 +41,9 @@ _COLS = [
     Col("duration", "float", required=False),
     Col("iteration", "int", required=False),
 ]
+
+
+declare_columns("elasticflow", _COLS)
 
 
 @LOADERS.register("elasticflow")

@@ -18,7 +18,7 @@ from pathlib import Path
 from loom.workload.common import (CLASS_NAMES, STATUS_NAMES, Col, TraceJobs, build_specs, check_rows,
                                   parse_columns, read_csv, unique_ids)
 from loom.workload.job import FinalStatus, JobClass
-from loom.workload.loaders import LOADERS
+from loom.workload.loaders import LOADERS, declare_columns
 
 _COLS = [
     Col("job_id"),
@@ -42,6 +42,9 @@ _COLS = [
     Col("batch_size", "int", required=False, min=1),
     Col("deadline", "float", required=False),
 ]
+
+
+declare_columns("csv", _COLS)
 
 
 @LOADERS.register("csv")

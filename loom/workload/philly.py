@@ -16,7 +16,7 @@ from pathlib import Path
 from loom.errors import LoomInputError
 from loom.workload.common import Col, TraceJobs, build_specs, ceil_gpus, parse_columns, read_csv, unique_ids
 from loom.workload.job import JobClass
-from loom.workload.loaders import LOADERS
+from loom.workload.loaders import LOADERS, declare_columns
 
 RFOLD_COLUMNS = ["#job id", "arrival time (sec)", "topology", "shape", "size", "duration (sec)"]
 _COLS = [
@@ -28,6 +28,9 @@ _COLS = [
         type_message="not an integer"),
     Col("duration (sec)", "float", min=0, min_message="negative duration"),
 ]
+
+
+declare_columns("rfold", _COLS)
 
 
 @LOADERS.register("rfold")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from loom.workload.common import Col, TraceJobs, build_specs, epoch_seconds, parse_columns, read_csv
-from loom.workload.loaders import LOADERS
+from loom.workload.loaders import LOADERS, declare_columns
 
 _COLS = [
     Col("timestamp", "datetime"),
@@ -22,6 +22,9 @@ _COLS = [
     Col("gpu_time", "float", required=False),
     Col("cluster", required=False),
 ]
+
+
+declare_columns("sia-philly", _COLS)
 
 
 @LOADERS.register("sia-philly")

@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from loom.workload.common import Col, TraceJobs, build_specs, read_rows
-from loom.workload.loaders import LOADERS
+from loom.workload.loaders import LOADERS, declare_columns
 
 _COLS = [
     Col("name"),
@@ -30,6 +30,9 @@ _COLS = [
     Col("num_replicas", "int", min=1, min_message="replica count must be ≥ 1"),
     Col("batch_size", "int", required=False, min=1, min_message="batch size must be ≥ 1"),
 ]
+
+
+declare_columns("sia-workload", _COLS)
 
 
 @LOADERS.register("sia-workload")

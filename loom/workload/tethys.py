@@ -25,7 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from loom.workload.common import Col, TraceJobs, build_specs, read_rows
-from loom.workload.loaders import LOADERS
+from loom.workload.loaders import LOADERS, declare_columns
 
 _COLS = [
     Col("job_id"),
@@ -41,6 +41,9 @@ _COLS = [
     Col("tensorsizes", "float", required=False),
     Col("profiled_network", "float", required=False),
 ]
+
+
+declare_columns("tethys", _COLS)
 
 
 @LOADERS.register("tethys")
