@@ -464,7 +464,7 @@ def summary_rows(results: Iterable[RunResult]) -> list[dict[str, Any]]:
 def write_combined(experiment: Experiment, results: list[RunResult], wall_s: float | None = None
                    ) -> dict[str, Path]:
     """`summary.csv`, `summary.parquet`, `experiment.json`, (if the grid varies the seed)
-    `summary_seeds.csv` and (if any run succeeded) `comparison.html`."""
+    `summary_seeds.csv` and (if any run succeeded) `comparison.html` with `comparison.json`."""
     import polars as pl
 
     from loom.experiment_seeds import seed_groups, seed_rows
@@ -501,4 +501,5 @@ def write_combined(experiment: Experiment, results: list[RunResult], wall_s: flo
 
         runs = [load_run(r.out_dir) for r in comparable]
         written["comparison.html"] = write_comparison(runs, [r.name for r in comparable], out / "comparison.html")
+        written["comparison.json"] = out / "comparison.json"  # beside it: per trace group, ratios to its baseline
     return written

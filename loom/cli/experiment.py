@@ -43,6 +43,9 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the expanded grid and exit."),
         plan_cache: Path = typer.Option(None, "--plan-cache", help="SQLite file the runs share for plan "
                                         "searches' answers (the LOOM_PLAN_CACHE variable does the same)."),
+        as_json: bool = typer.Option(False, "--json", help="Print experiment.json (the grid, every run's "
+                                     "status, errors, seed statistics) on stdout and nothing else; the "
+                                     "progress and tables go to stderr."),
     ) -> None:
         """Run the cartesian product of a grid of configs; write each run, summary.csv/.parquet and
         comparison.html. Seeds in the grid are summarised as mean ± 95% CI (summary_seeds.csv)."""
@@ -57,9 +60,12 @@ def register(app: typer.Typer) -> None:
             import_ray()  # a clear error before anything runs
         results, wall = _run(exp, workers, ray_address)
         written = write_combined(exp, results, wall)
-        _print_results(file.name, exp, results, wall)
-        console.print(f"outputs in [bold]{exp.out}[/]: {', '.join(written)} and one directory per run",
-                      soft_wrap=True)
+        show = err_console if as_json else console
+        _print_results(file.name, exp, results, wall, show)
+        show.print(f"outputs in [bold]{exp.out}[/]: {', '.join(written)} and one directory per run",
+                   soft_wrap=True)
+        if as_json:  # the file's text as written: valid JSON, nothing else on stdout
+            typer.echo(written["experiment.json"].read_text(), nl=False)
         _report_failures(results)
 
 
@@ -132,16 +138,16 @@ def _report_failures(results: list[Any]) -> None:
 
 
 # ------------------------------------------------------------------ result tables
-def _print_results(name: str, exp: Any, results: list[Any], wall: float) -> None:
+def _print_results(name: str, exp: Any, results: list[Any], wall: float, out: Console = console) -> None:
     from loom.experiment_seeds import seed_groups
 
     groups = seed_groups(exp, results)
     if not groups:
-        console.print(_run_table(name, exp, results, wall))
+        out.print(_run_table(name, exp, results, wall))
         return
-    console.print(_seed_table(name, exp, groups, len(results), wall))
+    out.print(_seed_table(name, exp, groups, len(results), wall))
     for note in _seed_notes(groups):
-        console.print(note, highlight=False, soft_wrap=True)
+        out.print(note, highlight=False, soft_wrap=True)
 
 
 def _scale(metric: str, values: list[float]) -> tuple[str, float]:

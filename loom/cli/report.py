@@ -29,31 +29,52 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def compare(
-        run_dirs: list[Path] = typer.Argument(..., help="Run directories; ratios are relative to the first."),
-        out: Path = typer.Option(None, "--out", "-o", help="Also plot the runs' CDFs overlaid (.png or .html)."),
+        run_dirs: list[Path] = typer.Argument(..., help="Run directories; grouped by trace, ratios are relative to "
+                                                        "the first run of each trace group."),
+        out: Path = typer.Option(None, "--out", "-o", help="Also plot the runs' CDFs overlaid (.png or .html); "
+                                                          "comparison.json is written beside it."),
     ) -> None:
-        """Key metrics of several runs side by side; with --out, their JCT and queueing-delay CDFs."""
+        """Key metrics of several runs side by side, per trace; with --out, their CDFs and comparison.json."""
 
         @user_errors
         def body() -> None:
             from rich.console import Console
+            from rich.markup import escape
             from rich.table import Table
 
-            from loom.report.compare import cell, check_out, comparison, run_labels, write_comparison
+            from loom.report.compare import (
+                cell,
+                check_out,
+                chunks,
+                comparison,
+                group_by_trace,
+                policy_colours,
+                policy_of,
+                run_labels,
+                write_comparison,
+            )
             from loom.report.data import load_run
 
             if out is not None:
                 check_out(out)
             runs = [load_run(p) for p in run_dirs]
             labels = run_labels(run_dirs)
-            table = Table("metric", *labels, title="runs compared (ratio vs the first run)")
-            for row in comparison(runs):
-                key = row["metric"]
-                table.add_row(key, *(cell(key, v, q, i == 0)
-                                     for i, (v, q) in enumerate(zip(row["values"], row["ratios"]))))
+            colours = policy_colours([policy_of(r) for r in runs])
             console = Console()
-            console.print(table)
+            for trace, idx in group_by_trace(runs):
+                rows = comparison([runs[i] for i in idx])
+                for part in chunks(list(range(len(idx)))):
+                    heads = [f"[{colours[policy_of(runs[idx[p]])]}]■[/] {escape(labels[idx[p]])}\n"
+                             f"{escape(policy_of(runs[idx[p]]))}"
+                             for p in part]
+                    table = Table("metric", *heads, title=f"trace {escape(trace)} — baseline {escape(labels[idx[0]])} "
+                                                          "(ratios vs the baseline)")
+                    for row in rows:
+                        key = row["metric"]
+                        table.add_row(key, *(cell(key, row["values"][p], row["ratios"][p], p == 0) for p in part))
+                    console.print(table)
             if out is not None:
-                console.print(f"comparison written to [bold]{write_comparison(runs, labels, out)}[/]")
+                console.print(f"comparison written to [bold]{write_comparison(runs, labels, out)}[/] "
+                              f"(and {out.parent / 'comparison.json'})", soft_wrap=True)
 
         body()
