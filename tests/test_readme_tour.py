@@ -57,6 +57,8 @@ TOUR = [
     "loom simulate --trace csv:kalos.csv --cluster acme-kalos --policy sla --out runs/sla",
     "loom predict eval --trace philly-vc",
     "loom experiment examples/experiment.yaml --workers 2",
+    "loom traces list",
+    "loom simulate --trace alibaba-v2023 --cluster alibaba-v2023 --load 20 --out runs/ali-x20",
 ]
 
 SIM_FAST = ["--limit", "500", "-q"]
@@ -64,7 +66,8 @@ SIM_FAST = ["--limit", "500", "-q"]
 EXTRA: dict[str, list[str]] = {INTRO: SIM_FAST, TOUR[3]: SIM_FAST, TOUR[4]: SIM_FAST, TOUR[5]: SIM_FAST,
                                TOUR[7]: ["-q", "--out", "runs/my"], TOUR[8]: SIM_FAST, TOUR[12]: ["--limit", "100", "-q"],
                                TOUR[13]: ["--limit", "100", "-q"], TOUR[20]: SIM_FAST, TOUR[21]: SIM_FAST,
-                               TOUR[22]: SIM_FAST, TOUR[23]: ["--bags", "1"]}
+                               TOUR[22]: SIM_FAST, TOUR[23]: ["--bags", "1"],
+                               TOUR[26]: SIM_FAST}
 RUN_FILES = ["summary.json", "jobs.parquet", "manifest.json"]
 EXPECT: dict[str, list[str]] = {
     INTRO: [f"runs/philly-fcfs/{f}" for f in RUN_FILES],
@@ -86,6 +89,7 @@ EXPECT: dict[str, list[str]] = {
     TOUR[21]: ["runs/faults-keep/summary.json"],
     TOUR[22]: ["runs/sla/summary.json"],
     TOUR[24]: ["exp/experiment.json", "exp/summary.csv", "exp/summary_seeds.csv"],
+    TOUR[26]: ["runs/ali-x20/summary.json"],
 }
 
 RFOLD_TRACE = """#job id,arrival time (sec),topology,shape,size,duration (sec)
