@@ -389,3 +389,19 @@ def check_finish_or_rejected(sc: Scenario, result: SimulationResult) -> None:
             assert job.state is JobState.FINISHED, f"{job} fits the cluster but ended {job.state.name}"
             assert job.end_time is not None and job.progress == job.spec.duration
     assert set(result.rejected) == {j.job_id for j in result.jobs if j.state is JobState.REJECTED}
+
+
+class FakeClock:
+    """Stands in for the `time` module of the engine and of `loom.run`: `perf_counter` moves only
+    when the policy moves it."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str):  # the rest of the `time` module, unchanged
+        import time
+
+        return getattr(time, name)

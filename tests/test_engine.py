@@ -13,6 +13,7 @@ from loom.core.scheduler import DecisionError
 from loom.hardware.state import Allocation
 from loom.sim.engine import Simulation
 from loom.workload.faults import NodeFailure
+from simharness import FakeClock
 
 
 class Scripted:
@@ -229,21 +230,6 @@ def test_resize_and_migrate_pauses_cost_time_on_the_new_gpus(small_clos):
     # halving the GPUs: a 20 s pause, then 40 s of work at half speed (80 s)
     assert a.end_time == pytest.approx(70 + 20 + 80)
     assert a.gpu_seconds == pytest.approx(8 * 70 + 4 * 100)
-
-
-class FakeClock:
-    """Stands in for the engine's `time` module: `perf_counter` moves only when the policy moves it."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def __getattr__(self, name: str):  # the rest of the `time` module, unchanged
-        import time
-
-        return getattr(time, name)
 
 
 class SlowWhenQueued(Scripted):

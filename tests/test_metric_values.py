@@ -38,6 +38,7 @@ from loom.workload.faults import NodeFailure
 from loom.workload.job import JobSpec
 from loom.workload.job_failures import FailurePlan
 from loom.workload.tiers import TierRule
+from simharness import FakeClock
 
 BUSY_W, IDLE_W = 700.0, 60.0  # H800 board power; idle draw of any GPU
 J_PER_KWH = 3.6e6
@@ -100,22 +101,6 @@ def check(summary_: dict, expected: dict) -> None:
             assert summary_[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
         else:
             assert summary_[key] == value, key
-
-
-class FakeClock:
-    """Stands in for the `time` module of the engine and of `loom.run`: `perf_counter` moves only
-    when the policy moves it."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def __getattr__(self, name: str):  # the rest of the `time` module, unchanged
-        import time
-
-        return getattr(time, name)
 
 
 # ----------------------------------------------------------------------------- a plain FCFS run
