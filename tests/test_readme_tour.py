@@ -206,3 +206,18 @@ def test_experiment_json_prints_only_the_summary_on_stdout(tmp_path):
     assert data == json.loads((out / "experiment.json").read_text())
     assert [r["status"] for r in data["runs"]] == ["ok", "ok"] and data["errors"] == []
     assert "runs" in result.stderr or "experiment" in result.stderr  # the progress and table went to stderr
+
+
+def test_experiment_dry_run_json_prints_the_grid(tmp_path):
+    from loom.cli.main import app
+
+    trace = tmp_path / "t.csv"
+    trace.write_text(RFOLD_TRACE)
+    spec = {"trace": f"rfold:{trace}", "cluster": "arnold-i", "grid": {"policies": ["fcfs", "easy"]}}
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    result = CliRunner().invoke(app, ["experiment", str(path), "--out", str(tmp_path / "out"), "--dry-run", "--json"])
+    assert result.exit_code == 0, result.stdout + result.stderr
+    data = json.loads(result.stdout)
+    assert [r["valid"] for r in data["runs"]] == [True, True] and len(data["runs"]) == 2
+    assert not (tmp_path / "out").exists()  # a dry run runs nothing

@@ -6,6 +6,8 @@ interval over the seeds (Student's t), or once that the seed changed nothing.
 
 from __future__ import annotations
 
+import json
+
 import math
 import time
 from pathlib import Path
@@ -54,7 +56,7 @@ def register(app: typer.Typer) -> None:
         use_plan_cache(plan_cache)
         exp = load_experiment(file, out)
         if dry_run:
-            _dry_run(exp)
+            _dry_run(exp, as_json)
             return
         if ray_address:
             import_ray()  # a clear error before anything runs
@@ -69,12 +71,22 @@ def register(app: typer.Typer) -> None:
         _report_failures(results)
 
 
-def _dry_run(exp: Any) -> None:
-    """The expanded grid, invalid points (exit 1), and whether the seed can matter."""
+def _dry_run(exp: Any, as_json: bool = False) -> None:
+    """The expanded grid, invalid points (exit 1), and whether the seed can matter; with `--json`
+    the grid as JSON on stdout (`runs`: name, values, valid, error) and the rest on stderr."""
     from loom.experiment import value_label
 
     points = exp.points
     invalid = [p for p in points if not p.valid]
+    if as_json:
+        typer.echo(json.dumps({"out": str(exp.out), "runs": [
+            {"name": p.name, "values": p.values, "valid": p.valid, "error": p.error} for p in points]},
+            indent=2, default=str))
+        for p in invalid:
+            err_console.print(f"[bold red]invalid:[/] {p.error}", highlight=False, soft_wrap=True)
+        if invalid:
+            raise typer.Exit(1)
+        return
     table = Table(*(a.key for a in exp.axes), "status", title=f"{len(points)} runs → {exp.out}/<run>/ "
                   f"({len(invalid)} invalid)")
     table.add_column("run", overflow="fold")
