@@ -6,6 +6,8 @@ command module: a command importing `main` back would be an import loop.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console, ConsoleDimensions
@@ -38,3 +40,18 @@ def use_plan_cache(path: Path | None) -> None:
 
         PlanCache(path).close()  # a clear error now if it cannot be opened
         os.environ[ENV] = str(path)
+
+
+@contextmanager
+def busy(text: str) -> Iterator[None]:
+    """A spinner on stderr naming what a slow step is doing (a trace load, a search, a MIP, a
+    report), so no command sits silent for seconds; nothing when stderr is not a terminal, so
+    pipes and `--json` output stay clean. Transient: the line is gone when the step ends."""
+    from loom.cli import errors  # late: `errors` imports this module; tests swap `errors.err_console`
+
+    console = errors.err_console
+    if not console.is_terminal:
+        yield
+        return
+    with console.status(text, spinner="dots"):
+        yield

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Column, Table
 
+from loom.cli.common import busy
 from loom.cli.errors import err_console, user_errors
 from loom.errors import LoomInputError
 from loom.perf.search import Choices
@@ -141,7 +142,9 @@ def _search(job: Any, hardware: Any, gpus: int, knobs: Choices, top: int, placem
     from loom.perf.inputs import PlanError
     from loom.perf.search import search_plans
 
-    result = search_plans(job, hardware, gpus, choices=knobs, top=top, placement=placement or build_placement(1, 1))
+    with busy(f"searching plans on {gpus} GPUs…"):
+        result = search_plans(job, hardware, gpus, choices=knobs, top=top,
+                              placement=placement or build_placement(1, 1))
     if not result.considered:
         raise PlanError(result.reason, field="plan")
     return result
@@ -335,7 +338,8 @@ def plan(
     result = _search(job, hardware, gpus, knobs, top=top, placement=placement)
     if not result.top:
         _nothing_fits(job, hardware, gpus, knobs, placement, result, as_json)
-    rows = _cell_rows(job, hardware, gpus, placement) if cells else None
+    with busy("pricing Cells (sampled and tuned)…"):
+        rows = _cell_rows(job, hardware, gpus, placement) if cells else None
     if as_json:
         typer.echo(json.dumps(_plan_json(result, rows), indent=2))
     else:

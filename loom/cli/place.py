@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from loom.cli.common import busy
 from loom.cli.errors import user_errors
 from loom.errors import LoomInputError
 
@@ -50,8 +51,9 @@ def place(
     if benchmark:
         _run_benchmark(out, occupancies, time_limit)
         return
-    result = _place_one(cluster, dp, tp, pp, placer, alpha, model, micro_batch, gpu_type, occupancy, seed,
-                        time_limit, exact)
+    with busy(f"placing dp{dp}·tp{tp}·pp{pp} on {cluster} ({placer})…"):
+        result = _place_one(cluster, dp, tp, pp, placer, alpha, model, micro_batch, gpu_type, occupancy, seed,
+                            time_limit, exact)
     _emit(result, as_json, plot, color_by, hostfile)
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 
+from loom.cli.common import busy
 from loom.cli.errors import user_errors
 
 
@@ -24,7 +25,8 @@ def register(app: typer.Typer) -> None:
 
         from loom.report.html import write_report
 
-        path = user_errors(write_report)(run_dir, out)
+        with busy(f"writing the report of {run_dir}…"):
+            path = user_errors(write_report)(run_dir, out)
         Console().print(f"report written to [bold]{path}[/]", soft_wrap=True)
 
     @app.command()
@@ -57,7 +59,8 @@ def register(app: typer.Typer) -> None:
 
             if out is not None:
                 check_out(out)
-            runs = [load_run(p) for p in run_dirs]
+            with busy(f"reading {len(run_dirs)} runs…"):
+                runs = [load_run(p) for p in run_dirs]
             labels = run_labels(run_dirs)
             colours = policy_colours([policy_of(r) for r in runs])
             console = Console()
@@ -74,7 +77,9 @@ def register(app: typer.Typer) -> None:
                         table.add_row(key, *(cell(key, row["values"][p], row["ratios"][p], p == 0) for p in part))
                     console.print(table)
             if out is not None:
-                console.print(f"comparison written to [bold]{write_comparison(runs, labels, out)}[/] "
+                with busy(f"plotting the comparison to {out}…"):
+                    written = write_comparison(runs, labels, out)
+                console.print(f"comparison written to [bold]{written}[/] "
                               f"(and {out.parent / 'comparison.json'})", soft_wrap=True)
 
         body()

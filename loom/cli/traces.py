@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Column, Table
 
+from loom.cli.common import busy
 from loom.cli.errors import err_console, user_errors
 
 app = typer.Typer(help="Validate and summarise traces.", no_args_is_help=True)
@@ -23,7 +24,8 @@ SIZE_BUCKETS = [(1, 1, "1"), (2, 4, "2-4"), (5, 8, "5-8"), (9, 32, "9-32"), (33,
 def _load(spec: str, cache: bool) -> Any:
     from loom.workload.loaders import load_trace
 
-    return load_trace(spec, cache=cache)
+    with busy(f"reading {spec}…"):
+        return load_trace(spec, cache=cache)
 
 
 TRACE_HELP = "A named trace (`loom traces list`), FORMAT:PATH (e.g. csv:jobs.csv) or a trace file's path."

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from loom.cli.common import busy
 from loom.cli.errors import user_errors
 
 app = typer.Typer(help="Generate synthetic LLM-cluster workloads (Acme Kalos / Seren).", no_args_is_help=True)
@@ -58,10 +59,11 @@ def generate_cmd(
 
     prof = get_profile(profile)
     started = time.perf_counter()
-    specs = generate(prof, days, seed, scale, outcomes=outcomes)
-    elapsed = time.perf_counter() - started
-    path = write_csv(specs, out)
-    rows = validate_rows(specs, prof, days) if validate else None
+    with busy(f"generating {days:g} days of {prof.name}…"):
+        specs = generate(prof, days, seed, scale, outcomes=outcomes)
+        elapsed = time.perf_counter() - started
+        path = write_csv(specs, out)
+        rows = validate_rows(specs, prof, days) if validate else None
     if as_json and rows is not None:
         typer.echo(json.dumps({"out": str(path), "jobs": len(specs), "validation": rows}, indent=2))
         return
@@ -87,7 +89,8 @@ def validate_cmd(
 
     prof = get_profile(profile)
     spec = trace if (trace in NAMED_TRACES or ":" in trace and not Path(trace).exists()) else f"csv:{trace}"
-    rows = validate_rows(load_trace(spec, cache=False), prof, days)
+    with busy(f"reading {trace} and computing its statistics…"):
+        rows = validate_rows(load_trace(spec, cache=False), prof, days)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
