@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Install everything Loom needs on a fresh Debian 12 machine (run as root, Python 3.11):
+# the Debian packages below, then Loom itself with its dev extras (tests, browser driver).
+# Idempotent and fast when nothing is missing: the Debian packages are checked with
+# dpkg-query first, and apt-get (update or install) runs only for missing ones.
+#
+#   ./scripts/setup.sh          # what .ci/run and the README's first command run
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages the project needs, one per line with what needs it. Add new ones here
+# (e.g. postgresql, slurm-wlm, munge); the rest of the script needs no change.
+DEBIAN_PACKAGES=(
+    chromium         # headless browser: tests/test_report_browser.py opens report.html in it
+    chromium-driver  # /usr/bin/chromedriver, driven by selenium (no driver downloads)
+)
+
+log() { printf 'setup: %s\n' "$*"; }
+
+missing=()
+for pkg in "${DEBIAN_PACKAGES[@]}"; do
+    status=$(dpkg-query -W -f='${db:Status-Status}' "$pkg" 2>/dev/null || true)
+    if [[ "$status" == "installed" ]]; then
+        log "debian package $pkg: installed"
+    else
+        missing+=("$pkg")
+    fi
+done
+
+if ((${#missing[@]})); then
+    if [[ $(id -u) -ne 0 ]]; then
+        log "missing Debian packages: ${missing[*]}; run this script as root (or apt-get install them)" >&2
+        exit 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    log "missing Debian packages: ${missing[*]}"
+    apt_opts=(-q -o DPkg::Lock::Timeout=300)  # wait for another apt-get rather than fail
+    log "apt-get update"
+    apt-get "${apt_opts[@]}" update
+    log "apt-get install --no-install-recommends ${missing[*]}"
+    apt-get "${apt_opts[@]}" install -y --no-install-recommends "${missing[@]}"
+else
+    log "all Debian packages installed; skipping apt-get"
+fi
+
+log "python3 -m pip install -e .[dev]"
+python3 -m pip install --progress-bar off -e ".[dev]"
+log "done"
