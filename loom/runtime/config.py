@@ -1,0 +1,127 @@
+"""The runtime's configuration, read once from the `LOOM_*` environment `loom run` sets.
+
+Without `loom run` (a script started by plain `python` or `torchrun`) every variable
+has a default, so the same script runs standalone: job id `local`, runtime
+directory `./.loom`, one logical rank per process, no periodic checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from loom.runtime.errors import RuntimeConfigError
+
+MODES = ("sync", "async")
+RESUME_AUTO, RESUME_LATEST, RESUME_NONE = "auto", "latest", "none"
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    """Everything the runtime reads from the environment, validated."""
+
+    job_id: str = "local"
+    runtime_dir: Path = Path(".loom")
+    logical_world: int | None = None  # None: one logical rank per process
+    checkpoint_dir: Path | None = None  # None: <job_dir>/checkpoints
+    checkpoint_interval: int = 0
+    checkpoint_mode: str = "sync"
+    resume: str = RESUME_AUTO  # auto | latest | none | a checkpoint path
+    checkpoint_keep: int = 2
+    workdir: Path = Path(".")
+    control_poll_s: float = 0.1
+    status_interval_s: float = 1.0
+
+    @property
+    def job_dir(self) -> Path:
+        return self.runtime_dir / self.job_id
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.checkpoint_dir or self.job_dir / "checkpoints"
+
+    @property
+    def checkpoint_dir_explicit(self) -> bool:
+        """A directory the user named must exist; the default one is created."""
+        return self.checkpoint_dir is not None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RuntimeConfig:
+        env = os.environ if env is None else env
+        get = lambda name: env.get(name, "").strip()
+        cwd = Path.cwd()
+        ckpt = get("LOOM_CHECKPOINT_DIR")
+        return cls(
+            job_id=_job_id(get("LOOM_JOB_ID") or "local"),
+            runtime_dir=_abs(get("LOOM_RUNTIME_DIR") or ".loom", cwd),
+            logical_world=_int(env, "LOOM_LOGICAL_WORLD", None, minimum=1),
+            checkpoint_dir=_abs(ckpt, cwd) if ckpt else None,
+            checkpoint_interval=_int(env, "LOOM_CHECKPOINT_INTERVAL", 0, minimum=0) or 0,
+            checkpoint_mode=_choice(env, "LOOM_CHECKPOINT_MODE", MODES, "sync"),
+            resume=_resume(get("LOOM_RESUME"), cwd),
+            checkpoint_keep=_int(env, "LOOM_CHECKPOINT_KEEP", 2, minimum=1) or 2,
+            workdir=_abs(get("LOOM_WORKDIR") or ".", cwd),
+            control_poll_s=_float(env, "LOOM_CONTROL_POLL_S", 0.1),
+        )
+
+
+def _abs(text: str, cwd: Path) -> Path:
+    path = Path(text).expanduser()
+    return path if path.is_absolute() else cwd / path
+
+
+def _job_id(text: str) -> str:
+    if not _JOB_ID.match(text) or text in (".", ".."):
+        raise RuntimeConfigError(
+            f"job id {text!r} is not a plain name (letters, digits, '.', '_', '-'; no '/')",
+            source="environment variable LOOM_JOB_ID")
+    return text
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None, minimum: int) -> int | None:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < minimum:
+        raise RuntimeConfigError(f"{text!r} is not a whole number >= {minimum}",
+                                 source=f"environment variable {name}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise RuntimeConfigError(f"{text!r} is not a number of seconds >= 0",
+                                 source=f"environment variable {name}")
+    return value
+
+
+def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:
+    text = env.get(name, "").strip().lower() or default
+    if text not in choices:
+        raise RuntimeConfigError(f"{text!r} is not one of {', '.join(choices)}",
+                                 source=f"environment variable {name}")
+    return text
+
+
+def _resume(text: str, cwd: Path) -> str:
+    """'' -> auto; 'latest' / 'none' kept; anything else is a checkpoint path (made absolute)."""
+    if not text or text.lower() == RESUME_AUTO:
+        return RESUME_AUTO
+    if text.lower() in (RESUME_LATEST, RESUME_NONE):
+        return text.lower()
+    return str(_abs(text, cwd))
