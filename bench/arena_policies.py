@@ -20,7 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchinfo import machine
 
 from loom.core.protocols import PLACERS, POLICIES
 from loom.hardware.clusters import load_cluster
@@ -41,6 +48,8 @@ def main() -> None:
     parser.add_argument("--conventions", choices=("loom", "arena"), default="loom")
     parser.add_argument("--profile-db", default=None)
     args = parser.parse_args()
+    print(f"Date: {datetime.now(UTC).isoformat(timespec='seconds')}; machine: {machine()}; "
+          f"command: `{shlex.join(['python', 'bench/arena_policies.py', *sys.argv[1:]])}`", flush=True)
     topo = load_cluster("arena-1280")
     specs = list(load_trace(args.trace))
     results = {}

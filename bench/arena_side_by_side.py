@@ -2,14 +2,30 @@
 
     PYTHONPATH=. python bench/arena_side_by_side.py --arena-dir /work/arena \\
         --python /work/arena-venv/bin/python --policies fcfs,crius,sia,gavel,elasticflow \\
-        --rounds 2000 --speed-model arena-profile --out /work/arena-side-by-side
+        --rounds 2000 --speed-model arena-profile [--repeat 3] [--plan-cache DIR] --out /work/arena-side-by-side
+
+Arena's source stays outside the repository: a checkout of ``sjtu-epcc/arena``
+(branch ``ae-eurosys``) at ``--arena-dir`` and a venv for it at ``--python``.
 
 For each policy: Arena's ``simulator.py`` runs as a timed subprocess (its stdout
 goes to ``OUT/arena-POLICY.log``, its .npy files under ``OUT/arena-POLICY/``),
-then Loom runs in-process on the same jobs (timed). ``OUT/POLICY.json`` is
+then Loom runs on the same jobs as a timed subprocess of this script
+(``--worker``: imports, trace, speed model, simulation), ``--repeat`` times
+each, alternating (Arena, Loom, Arena, Loom, ...). ``OUT/POLICY.json`` is
 written as soon as a policy is done (a rerun with ``--resume`` loads it instead
-of running again, ``--reuse-arena`` reruns only Loom); the markdown table is
-printed and written to ``OUT/table.md``.
+of running again, ``--reuse-arena`` reruns only Loom); the markdown table, with
+the date, the command and the machine above it, is printed and written to
+``OUT/table.md``.
+
+Two speed ratios, both Arena's time over Loom's, on the same jobs and window,
+measured in the same invocation (medians over ``--repeat``):
+
+* *process / process*: Arena's whole ``simulator.py`` process against Loom's
+  whole worker process (interpreter start, imports, trace and profile-database
+  load, simulation) — what a user waits for on each side;
+* *process / loop*: Arena's whole process against Loom's simulation alone
+  (``Simulation`` construction and run, timed inside the worker) — Arena's
+  start-up is in its figure, Loom's is not, so this ratio flatters Loom.
 Arena's source is never copied into Loom; it needs its own venv (numpy<2,
 pandas<2, cvxpy<1.5, scipy<1.14, statsmodels, matplotlib<3.9, orjson, cvxopt,
 cplex). Arena's crius and sia take over an hour each for 2,000 rounds.
@@ -38,7 +54,8 @@ Arena (``sjtu-epcc/arena``, branch ``ae-eurosys``), as its artifact runs it
   here it is 300 s × the round of the last job end, parsed from the log
   ("completed and ended" lines under each round header).
 * Wall time: the whole subprocess, including about 5 s of start-up (imports,
-  profile database, trace) that a 1-round run also takes.
+  profile database, trace) that a 1-round run also takes. Median of
+  ``--repeat`` runs (each run's time in the JSON).
 * Average JCT = mean over finished jobs only. Its plotter's "reduction ratio"
   pads each baseline's list with the largest JCT of any policy up to crius's
   finished count; the table shows that ("padded") next to finished-only.
@@ -53,9 +70,12 @@ Loom
 * Event-driven: exact submission and end times (no 300-s rounding), resize
   costs of each Loom policy, not Arena's reconfiguration table. Like
   elasticflow-l, Loom's elasticflow gets deadlines of submission + 1e9 s.
-* Wall time: `Simulation` construction (speed preparation) and run; the trace
-  and the profile database are loaded before the clock starts. Cold: no plan
-  cache, every estimator plan search runs. With ``--plan-cache DIR`` Loom also
+* Wall time, two figures per run, each the median of ``--repeat`` fresh
+  worker processes: *process* = the whole worker subprocess, timed from here
+  (Python start, imports, trace, profile database, subset, simulation, JSON
+  out); *loop* = `Simulation` construction (speed preparation) and run, timed
+  inside the worker after the trace and profile database are loaded. Cold: no
+  plan cache, every estimator plan search runs. With ``--plan-cache DIR`` Loom also
   runs twice with a plan cache (`loom.perf.plan_cache`, DIR/POLICY.sqlite,
   emptied first): the first run fills it, the second ("warm", same job times
   or the script stops) reads the searches' answers — as Arena reads its
@@ -72,10 +92,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import shlex
+import statistics
 import subprocess
+import sys
 import time
 from dataclasses import replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +113,9 @@ from loom.report.metrics import summary
 from loom.sim.engine import Simulation
 from loom.workload.job import JobSpec
 from loom.workload.loaders import load_trace
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchinfo import machine
 
 ROUND_S = 300.0
 LOOSE_DEADLINE_S = 1e9  # Arena's LOOSEN_DEADLINE for elasticflow-l
@@ -215,6 +243,53 @@ def run_loom(policy: str, specs: list[JobSpec], t0: float, horizon: float | None
     return out
 
 
+def loom_jobs(policy: str, specs: list[JobSpec]) -> list[JobSpec]:
+    """The jobs as Loom runs them: elasticflow gets Arena's elasticflow-l loose deadlines."""
+    if policy == "elasticflow":
+        return [replace(x, deadline=x.submit_time + LOOSE_DEADLINE_S) for x in specs]
+    return specs
+
+
+def worker(params: dict[str, Any]) -> None:
+    """One Loom run in this (fresh) process, as a user would run it: load the trace and the
+    speed model, cut Arena's window, simulate; the result as JSON on the last line of stdout."""
+    specs, t0, horizon = arena_subset(list(load_trace("arena-philly")), params["rounds"])
+    speed = make_speed(params["speed_model"], Path(params["arena_dir"]))
+    out = run_loom(params["policy"], loom_jobs(params["policy"], specs), t0, horizon, speed,
+                   params["loom_full"])
+    print(json.dumps(out), flush=True)
+
+
+def run_loom_process(policy: str, rounds: int, speed_kind: str, arena_dir: Path,
+                     to_completion: bool) -> dict[str, Any]:
+    """`worker` in a fresh Python process, timed from outside (`process_wall_s`); its own
+    `wall_s` is the simulation alone (construction and run)."""
+    params = {"policy": policy, "rounds": rounds, "speed_model": speed_kind, "arena_dir": str(arena_dir),
+              "loom_full": to_completion}
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (root, os.environ.get("PYTHONPATH")) if x)}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(params)],
+                          check=False, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{policy}: Loom worker failed (exit {proc.returncode}):\n{proc.stderr[-2000:]}")
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out["process_wall_s"] = wall
+    return out
+
+
+def repeated(runs: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
+    """The last run with each timing in `keys` replaced by the median over `runs` (all kept as KEY_runs)."""
+    out = dict(runs[-1])
+    for key in keys:
+        values = [r[key] for r in runs if r.get(key) is not None]
+        if values:
+            out[key] = statistics.median(values)
+            out[f"{key}_runs"] = values
+    return out
+
+
 def run_loom_warm(policy: str, specs: list[JobSpec], t0: float, horizon: float | None, speed_kind: str,
                   arena_dir: Path, to_completion: bool, cache: Path) -> dict[str, Any]:
     """Loom twice with a plan cache (`loom.perf.plan_cache`) at `cache` (emptied first): the
@@ -248,29 +323,37 @@ def _num(x: float | None, fmt: str = "{:,.0f}") -> str:
     return "—" if x is None else fmt.format(x)
 
 
+def _ratio(a: float | None, b: float | None) -> str:
+    return "—" if a is None or not b else f"{a / b:,.1f}×"
+
+
 def table(results: dict[str, dict[str, Any]]) -> str:
+    """Markdown: per policy, both simulators' results and the two speed ratios (see the module doc)."""
     head = ("| policy | finished Arena | finished Loom | avg JCT Arena s | avg JCT Loom s | makespan Arena s "
-            "| makespan Loom s | wall Arena s | wall Loom s | wall Arena/Loom | wall Loom warm s | wall Arena/Loom warm "
+            "| makespan Loom s | Arena process s | Loom process s | **Arena / Loom, process / process** "
+            "| Loom loop s | Arena / Loom, process / loop | Loom loop warm s | Arena / Loom, process / warm loop "
             "| crius ΔJCT Arena | crius ΔJCT Loom |")
-    lines = [head, "| :--- |" + " ---: |" * 13]
+    lines = [head, "| :--- |" + " ---: |" * 15]
     max_jct = {sim: max((max(r[sim]["jct_s"], default=0.0) for r in results.values()
                          if r[sim].get("status") == "ok"), default=0.0) for sim in ("arena", "loom")}
     for policy, r in results.items():
         a, lm = r["arena"], r["loom"]
         cells = [policy]
-        for key in ("finished", "avg_jct_s", "makespan_s", "wall_s"):
+        for key in ("finished", "avg_jct_s", "makespan_s"):
             for side in (a, lm):
-                if key != "wall_s" and side.get("status") != "ok":
+                if side.get("status") != "ok":
                     cells.append(side.get("status", "—") if key == "finished" else "—")
                 elif key == "finished":
                     cells.append(f"{side['finished']}/{side['submitted']}")
                 else:
-                    cells.append(_num(side.get(key), fmt="{:,.1f}" if key == "wall_s" else "{:,.0f}"))
+                    cells.append(_num(side.get(key)))
         ok = a.get("status") == lm.get("status") == "ok"
-        cells.append(_num(a["wall_s"] / lm["wall_s"] if ok else None, fmt="{:,.1f}×"))
-        warm = lm.get("warm")
-        cells.append(_num(warm["wall_s"] if warm else None, fmt="{:,.1f}"))
-        cells.append(_num(a["wall_s"] / warm["wall_s"] if ok and warm else None, fmt="{:,.1f}×"))
+        arena_wall = a.get("wall_s") if ok else None
+        warm = lm.get("warm") or {}
+        cells += [_num(a.get("wall_s"), "{:,.1f}"), _num(lm.get("process_wall_s"), "{:,.1f}"),
+                  _ratio(arena_wall, lm.get("process_wall_s")),
+                  _num(lm.get("wall_s"), "{:,.1f}"), _ratio(arena_wall, lm.get("wall_s")),
+                  _num(warm.get("wall_s"), "{:,.1f}"), _ratio(arena_wall, warm.get("wall_s"))]
         for sim in ("arena", "loom"):
             red = reduction(results["crius"][sim], r[sim], max_jct[sim]) if "crius" in results else None
             cells.append("—" if policy == "crius" or red is None else f"{-100 * red[0]:+.1f}% "
@@ -280,6 +363,9 @@ def table(results: dict[str, dict[str, Any]]) -> str:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--worker"]:
+        worker(json.loads(sys.argv[2]))
+        return
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--arena-dir", type=Path, default=Path("/work/arena"))
     p.add_argument("--python", default="/work/arena-venv/bin/python", help="interpreter of Arena's venv")
@@ -295,6 +381,8 @@ def main() -> None:
     p.add_argument("--resume", action="store_true", help="reuse OUT/POLICY.json files already written")
     p.add_argument("--reuse-arena", action="store_true", help="rerun only Loom where OUT/POLICY.json has Arena's")
     p.add_argument("--loom-only", action="store_true", help="skip Arena (its columns stay empty)")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of each side per policy, alternating Arena / Loom; medians reported")
     args = p.parse_args()
     policies = [x.strip() for x in args.policies.split(",") if x.strip()]
     unknown = [x for x in policies if x not in ARENA_FLAGS]
@@ -302,7 +390,11 @@ def main() -> None:
         p.error(f"unknown policies {unknown}; known: {', '.join(ARENA_FLAGS)}")
     args.out.mkdir(parents=True, exist_ok=True)
     specs, t0, horizon = arena_subset(list(load_trace("arena-philly")), args.rounds)
-    print(f"{len(specs)} jobs, t0 {t0:.0f} s, horizon {horizon}", flush=True)
+    header = (f"Date: {datetime.now(UTC).isoformat(timespec='seconds')}; machine: {machine()}; "
+              f"command: `{shlex.join(['python', 'bench/arena_side_by_side.py', *sys.argv[1:]])}`; "
+              f"{len(specs)} jobs submitted, t0 {t0:.0f} s, horizon {horizon}; "
+              f"{args.repeat} run(s) of each side per policy (medians)")
+    print(header, flush=True)
     results: dict[str, dict[str, Any]] = {}
     for policy in policies:
         path = args.out / f"{policy}.json"
@@ -312,16 +404,25 @@ def main() -> None:
         if args.resume and old is not None and old["speed_model"] == args.speed_model:
             results[policy] = old
             continue
-        if args.loom_only:
-            arena = {"status": "not run", "wall_s": None}
-        elif args.reuse_arena and old is not None and old["arena"].get("status") == "ok":
-            arena = old["arena"]
-        else:
-            arena = run_arena(policy, args.arena_dir, args.python, args.rounds, args.out, args.arena_timeout or None)
-        print(f"{policy}: Arena {arena['status']} in {_num(arena['wall_s'], '{:.1f}')} s", flush=True)
-        jobs = [replace(x, deadline=x.submit_time + LOOSE_DEADLINE_S) for x in specs] \
-            if policy == "elasticflow" else specs
-        loom = run_loom(policy, jobs, t0, horizon, make_speed(args.speed_model, args.arena_dir), args.loom_full)
+        reuse = args.reuse_arena and old is not None and old["arena"].get("status") == "ok"
+        fixed = {"status": "not run", "wall_s": None} if args.loom_only else old["arena"] if reuse else None
+        arena_runs: list[dict[str, Any]] = []
+        loom_runs: list[dict[str, Any]] = []
+        for _ in range(max(1, args.repeat)):
+            if fixed is None:  # alternate: Arena, then Loom
+                arena_runs.append(run_arena(policy, args.arena_dir, args.python, args.rounds, args.out,
+                                            args.arena_timeout or None))
+                print(f"{policy}: Arena {arena_runs[-1]['status']} in {arena_runs[-1]['wall_s']:.1f} s", flush=True)
+                if arena_runs[-1]["status"] != "ok":
+                    fixed = arena_runs[-1]  # a failed run is not repeated
+            loom_runs.append(run_loom_process(policy, args.rounds, args.speed_model, args.arena_dir, args.loom_full))
+            print(f"{policy}: Loom process {loom_runs[-1]['process_wall_s']:.1f} s, "
+                  f"loop {loom_runs[-1]['wall_s']:.1f} s", flush=True)
+        if any(r["jct_s"] != loom_runs[0]["jct_s"] for r in loom_runs):
+            raise SystemExit(f"{policy}: Loom's repeated runs differ")
+        arena = fixed if fixed is not None else repeated(arena_runs, ("wall_s",))
+        loom = repeated(loom_runs, ("wall_s", "process_wall_s"))
+        jobs = loom_jobs(policy, specs)
         if args.plan_cache is not None:
             args.plan_cache.mkdir(parents=True, exist_ok=True)
             loom["warm"] = run_loom_warm(policy, jobs, t0, horizon, args.speed_model, args.arena_dir, args.loom_full,
@@ -333,7 +434,7 @@ def main() -> None:
                            "horizon_s": horizon, "t0_s": t0, "arena": arena, "loom": loom}
         path.write_text(json.dumps(results[policy], indent=1))
     md = table(results)
-    (args.out / "table.md").write_text(md + "\n")
+    (args.out / "table.md").write_text(header + "\n\n" + md + "\n")
     print(md)
 
 

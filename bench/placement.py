@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 from benchinfo import machine as _machine
@@ -366,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     chosen = [f for f in ("quality", "optimality", "latency", "e2e") if getattr(args, f)] or \
         ["quality", "optimality", "latency", "e2e"]
-    print(machine() + "\n")
+    print(f"Date: {datetime.now(UTC).isoformat(timespec='seconds')}. " + machine() + "\n")
     print(f"Command: `PYTHONPATH=. python bench/placement.py {' '.join(sys.argv[1:])}`\n")
     t0 = time.perf_counter()
     if "latency" in chosen:  # first, so the cold call is really the first in the process

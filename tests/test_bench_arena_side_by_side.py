@@ -59,6 +59,26 @@ def test_table_marks_missing_runs() -> None:
     assert gavel.count("| 2/2 |") == 1 and "| 1.5× |" in gavel
 
 
+def test_table_gives_process_and_loop_ratios() -> None:
+    arena = {"status": "ok", "submitted": 2, "finished": 2, "avg_jct_s": 15.0, "makespan_s": 30.0,
+             "wall_s": 12.0, "jct_s": [10.0, 20.0]}
+    loom = {**arena, "wall_s": 0.5, "process_wall_s": 3.0, "warm": {"wall_s": 0.25}}
+    head, _, row = sbs.table({"fcfs": {"arena": arena, "loom": loom}}).splitlines()
+    cells = dict(zip([c.strip() for c in head.split("|")], [c.strip() for c in row.split("|")]))
+    assert cells["Arena process s"] == "12.0" and cells["Loom process s"] == "3.0"
+    assert cells["**Arena / Loom, process / process**"] == "4.0×"
+    assert cells["Loom loop s"] == "0.5" and cells["Arena / Loom, process / loop"] == "24.0×"
+    assert cells["Arena / Loom, process / warm loop"] == "48.0×"
+
+
+def test_repeated_takes_medians_and_keeps_every_run() -> None:
+    runs = [{"wall_s": 3.0, "process_wall_s": 9.0, "x": 1}, {"wall_s": 1.0, "process_wall_s": 5.0, "x": 2},
+            {"wall_s": 2.0, "process_wall_s": 4.0, "x": 3}]
+    out = sbs.repeated(runs, ("wall_s", "process_wall_s"))
+    assert out["wall_s"] == 2.0 and out["process_wall_s"] == 5.0 and out["x"] == 3
+    assert out["wall_s_runs"] == [3.0, 1.0, 2.0]
+
+
 def test_loom_stops_at_horizon_with_the_same_cut_figures() -> None:
     specs = [_job(0, 0.0), JobSpec(job_id="long", submit_time=10.0, gpus=1, duration=1000.0), _job(2, 20.0)]
     cut = sbs.run_loom("fcfs", specs, 0.0, 200.0, None, to_completion=False)
@@ -67,3 +87,9 @@ def test_loom_stops_at_horizon_with_the_same_cut_figures() -> None:
     for key in ("finished", "avg_jct_s", "makespan_s"):
         assert cut[key] == full[key]
     assert cut["finished"] == 2 and full["all"]["finished"] == 3
+
+
+def test_loom_worker_process_times_the_whole_process_and_the_loop() -> None:
+    out = sbs.run_loom_process("fcfs", 3, "estimator", Path("."), to_completion=False)
+    assert out["status"] == "ok" and out["submitted"] >= 1
+    assert 0.0 < out["wall_s"] < out["process_wall_s"]
