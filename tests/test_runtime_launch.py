@@ -76,6 +76,17 @@ def test_defaults_fill_in_the_contract(script: Path, tmp_path: Path) -> None:
     assert job_env(spec, _inc(spec), base={"MKL_CBWR": "COMPATIBLE"})["MKL_CBWR"] == "COMPATIBLE"
 
 
+def test_deterministic_mode_reaches_every_process(script: Path, tmp_path: Path) -> None:
+    spec = validated(LaunchSpec(script=script, runtime_dir=tmp_path / "rt", nproc=1, logical_world=2,
+                                deterministic=True))
+    env = job_env(spec, _inc(spec), base={})
+    assert env["LOOM_DETERMINISTIC"] == "1" and env["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    plain = validated(LaunchSpec(script=script, runtime_dir=tmp_path / "rt", nproc=1))
+    assert "LOOM_DETERMINISTIC" not in job_env(plain, _inc(plain), base={})
+    help_text = CliRunner().invoke(app, ["run", "--help"], terminal_width=120).output
+    assert "--deterministic" in help_text and "LOOM_DETERMINISTIC" in help_text
+
+
 def test_the_agent_is_torchrun_on_loopback(script: Path, tmp_path: Path) -> None:
     spec = validated(LaunchSpec(script=script, script_args=("--iters", "3"), job_id="j", runtime_dir=tmp_path,
                                 nproc=3, logical_world=6))

@@ -80,17 +80,6 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
     return curve
 
 
-def _needs_virtualisation() -> None:
-    """Skip while the runtime cannot yet run N logical ranks on M < N processes (a later task)."""
-    from loom.runtime.errors import RuntimeConfigError
-    from loom.runtime.runtime import logical_ranks_of
-
-    try:
-        logical_ranks_of(0, 1, 2)
-    except RuntimeConfigError as exc:
-        pytest.skip(f"world-size virtualisation: {exc}")
-
-
 def loom_control(*argv: str) -> Result:
     """`loom control` in this process (a new one would spend seconds importing torch while the job runs)."""
     return CliRunner().invoke(app, ["control", *argv, "--timeout", "120"])
@@ -143,16 +132,31 @@ def test_migrate_moves_the_files_and_continues_bit_identically(baseline: dict[in
     assert jobs.status()["state"] == "finished"
 
 
-def test_resize_restarts_on_fewer_processes(tmp_path: Path) -> None:
-    _needs_virtualisation()
+@pytest.fixture(scope="module")
+def deterministic_baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[int, float]:
+    """Logical rank 0's losses, uninterrupted, 2 logical ranks on 2 processes, deterministic mode."""
+    tmp = tmp_path_factory.mktemp("det-baseline")
+    proc = loom_run(tmp / "rt", "base", tmp / "w", "--logical-world", "2", "--deterministic")
+    assert finish(proc) == 0, finish.output  # type: ignore[attr-defined]
+    return losses(tmp / "w" / "loss.jsonl")
+
+
+def test_resize_to_one_process_and_back_is_bit_identical_in_deterministic_mode(
+        deterministic_baseline: dict[int, float], tmp_path: Path) -> None:
     rt, work = tmp_path / "rt", tmp_path / "w"
-    proc = loom_run(rt, "gpt", work, "--logical-world", "2", delay=0.2)
+    proc = loom_run(rt, "gpt", work, "--logical-world", "2", "--deterministic", delay=0.15)
     wait_until(lambda: logged(work / "loss.jsonl") >= 4, proc)
     ask = loom_control("resize", "gpt", "--processes", "1", "--runtime-dir", str(rt))
-    assert ask.exit_code == 0, ask.output
-    assert json.loads(ask.stdout)["status"] == "done"
+    assert ask.exit_code == 0 and json.loads(ask.stdout)["status"] == "done", ask.output
+    first = json.loads(ask.stdout)["iteration"]
+    wait_until(lambda: logged(work / "loss.jsonl") >= first + 4, proc)  # both logical ranks on one process
+    back = client(rt, "gpt").wait_ack(client(rt, "gpt").request("resize", processes=2), timeout_s=120)
+    assert back["status"] == "done" and first < back["iteration"] < ITERS, back
     assert finish(proc) == 0, finish.output  # type: ignore[attr-defined]
     launcher = json.loads((rt / "gpt" / "launcher.json").read_text())
-    assert launcher["processes"] == 1 and launcher["logical_world"] == 2 and launcher["incarnation"] == 1
-    curve = losses(work / "loss.jsonl")
-    assert sorted(curve) == list(range(1, ITERS + 1))
+    assert launcher["processes"] == 2 and launcher["logical_world"] == 2 and launcher["incarnation"] == 2
+    assert launcher["deterministic"] is True
+    started = [e for e in client(rt, "gpt").events() if e["event"] == "started"]
+    assert [e["layout"] for e in started] == [[[0], [1]], [[0, 1]], [[0], [1]]]
+    assert losses(work / "loss.jsonl") == deterministic_baseline  # bit for bit, across both resizes
+    assert sorted(deterministic_baseline) == list(range(1, ITERS + 1))

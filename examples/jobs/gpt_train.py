@@ -4,12 +4,14 @@
 
 An ordinary DDP script (gloo on CPU, NCCL with one GPU per process when CUDA is
 there) plus one line, `loom.runtime.wrap(...)`, which gives Loom the barrier,
-checkpoints, the data position and the control channel. Everything is seeded and
-deterministic (fixed data windows, `torch.use_deterministic_algorithms`), so a run
-stopped and resumed, or migrated, logs the same losses bit for bit as one left
-alone. Rank 0 appends `{"iteration", "loss"}` per iteration (1, 2, ...: the runtime's
-count of optimizer steps, which a resumed job continues) to `loss.jsonl` in the
-working directory: the file a job writes locally and that must travel with it.
+checkpoints, the data position, the control channel and world-size virtualisation
+(`--logical-world N` on fewer processes: the loop runs once per hosted logical rank
+per iteration). Everything is seeded and deterministic (fixed data windows,
+`torch.use_deterministic_algorithms`), so a run stopped and resumed, or migrated, logs
+the same losses bit for bit as one left alone (and, with `loom run --deterministic`,
+one resized). Logical rank 0 appends `{"iteration", "loss"}` per iteration (1, 2, ...:
+the runtime's count of optimizer steps, which a resumed job continues) to `loss.jsonl`
+in the working directory: the file a job writes locally and that must travel with it.
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--text", type=Path, default=TEXT, help="training text (default: bundled sonnets)")
     parser.add_argument("--log", default="loss.jsonl", help="loss log, relative to the working directory")
-    parser.add_argument("--step-delay", type=float, default=0.0, help="sleep per iteration (tests use it to "
-                        "catch the job running; changes no result)")
+    parser.add_argument("--step-delay", type=float, default=0.0, help="sleep per batch, so per slice "
+                        "(tests use it to catch the job running; changes no result)")
     return parser.parse_args(argv)
 
 
@@ -143,7 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     torch.use_deterministic_algorithms(True)
     model, optimizer, loader, schedule = build(args, device)
     model, optimizer, loader = loom.runtime.wrap(model, optimizer, loader, lr_scheduler=schedule)
-    with open(args.log, "a", encoding="utf-8") if dist.get_rank() == 0 else nullcontext() as log:
+    runtime = loom.runtime.current()  # logical ranks: this process's, and the running slice's
+    with open(args.log, "a", encoding="utf-8") if 0 in runtime.logical_ranks else nullcontext() as log:
         for x, y in loader:
             x, y = x.to(device), y.to(device)
             loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
@@ -153,8 +156,8 @@ def main(argv: list[str] | None = None) -> None:
             schedule.step()
             value = loss.item()
             loom.runtime.report(loss=value)
-            if log is not None:  # a line per iteration, flushed: a stop may come at any iteration
-                log.write(json.dumps({"iteration": loom.runtime.current().iteration, "loss": value}) + "\n")
+            if log is not None and runtime.logical_rank == 0:  # flushed: a stop may come at any iteration
+                log.write(json.dumps({"iteration": runtime.iteration, "loss": value}) + "\n")
                 log.flush()
             time.sleep(args.step_delay)
     dist.destroy_process_group()

@@ -22,7 +22,8 @@ SCRIPT (or after `--`) go to the script. Exit code: the job's own; 0 when it fin
 Environment of each process, besides torchrun's RANK, WORLD_SIZE, ...:
   LOOM_JOB_ID, LOOM_RUNTIME_DIR, LOOM_LOGICAL_WORLD (N), LOOM_WORKDIR,
   LOOM_CHECKPOINT_DIR, LOOM_CHECKPOINT_INTERVAL, LOOM_CHECKPOINT_MODE,
-  LOOM_RESUME (latest, a path or empty), LOOM_INCARNATION (0, 1, ...)
+  LOOM_RESUME (latest, a path or empty), LOOM_INCARNATION (0, 1, ...),
+  LOOM_DETERMINISTIC=1 with --deterministic
 
 \b
 Control channel: files in the job directory RUNTIME_DIR/JOB_ID/
@@ -61,7 +62,8 @@ def run(
                                      "$LOOM_RUNTIME_DIR, else ~/.local/state/loom/runtime)."),
     nproc: int = typer.Option(1, "--nproc", metavar="M", help="Processes (one per GPU on a GPU node)."),
     logical_world: int = typer.Option(None, "--logical-world", metavar="N", help="Logical data-parallel ranks, "
-                                      "N >= M, kept across resizes (default M)."),
+                                      "N >= M, kept across resizes (default M); a process time-slices "
+                                      "N/M of them."),
     workdir: Path = typer.Option(None, "--workdir", help="The job's working directory (default: the current "
                                  "one); its files travel with the job on migration."),
     checkpoint_dir: Path = typer.Option(None, "--checkpoint-dir", help="Checkpoints (default "
@@ -74,6 +76,9 @@ def run(
     resume: str = typer.Option("", "--resume", metavar="latest|none|PATH", help="latest: resume from the "
                                "job's newest durable checkpoint (there must be one); none: start afresh; PATH: "
                                "from that checkpoint. Default: the newest checkpoint if there is one."),
+    deterministic: bool = typer.Option(False, "--deterministic", help="Reduce the logical ranks' gradients "
+                                       "one by one in rank order: losses bit-identical at any process count "
+                                       "(M <= N), at the cost of N gradients' memory and an all-gather."),
 ) -> None:
     from loom.runtime.launch import LaunchSpec, Supervisor, default_runtime_dir, validated
 
@@ -81,8 +86,10 @@ def run(
         script=script, script_args=tuple(script_args or ()), job_id=job_id,
         runtime_dir=runtime_dir or default_runtime_dir(), nproc=nproc, logical_world=logical_world,
         workdir=workdir or Path.cwd(), checkpoint_dir=checkpoint_dir, checkpoint_interval=checkpoint_interval,
-        checkpoint_mode=checkpoint_mode, resume=resume))
-    print(f"loom run: job {spec.job_id} ({_count(spec.nproc, 'process')}, {_count(spec.world, 'logical rank')}), "
+        checkpoint_mode=checkpoint_mode, resume=resume, deterministic=deterministic))
+    mode = ", deterministic" if spec.deterministic else ""
+    print(f"loom run: job {spec.job_id} ({_count(spec.nproc, 'process')}, {_count(spec.world, 'logical rank')}"
+          f"{mode}), "
           f"control channel {spec.job_dir}", file=sys.stderr, flush=True)
     raise typer.Exit(Supervisor(spec).run())
 

@@ -8,7 +8,9 @@ and keeps its ordinary loop. The runtime then takes Singularity's two-phase barr
 every iteration, checkpoints with DCP at the cut (periodically and on request),
 answers the scheduler's requests (checkpoint, stop, migrate, resize) through files
 in the job directory, and on a restart restores model, optimizer, scheduler, RNG
-streams and data position before `wrap` returns. See docs/RUNTIME.md.
+streams and data position before `wrap` returns. A job of N logical ranks runs on
+any M ≤ N processes, each time-slicing its logical ranks (world-size
+virtualisation). See docs/RUNTIME.md.
 
 Importing the package does not import torch (the `loom run` supervisor imports its
 submodules); `wrap` does.

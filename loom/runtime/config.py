@@ -35,6 +35,8 @@ class RuntimeConfig:
     workdir: Path = Path(".")
     control_poll_s: float = 0.1
     status_interval_s: float = 1.0
+    deterministic: bool = False  # fixed-order gradient reduction: bit-identical across resizes
+    squash_checks: int = 3  # iterations whose squashed gradient is checked after each (re)start
 
     @property
     def job_dir(self) -> Path:
@@ -66,6 +68,8 @@ class RuntimeConfig:
             checkpoint_keep=_int(env, "LOOM_CHECKPOINT_KEEP", 2, minimum=1) or 2,
             workdir=_abs(get("LOOM_WORKDIR") or ".", cwd),
             control_poll_s=_float(env, "LOOM_CONTROL_POLL_S", 0.1),
+            deterministic=_bool(env, "LOOM_DETERMINISTIC"),
+            squash_checks=_int(env, "LOOM_SQUASH_CHECKS", 3, minimum=0),
         )
 
 
@@ -108,6 +112,16 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         raise RuntimeConfigError(f"{text!r} is not a number of seconds >= 0",
                                  source=f"environment variable {name}")
     return value
+
+
+def _bool(env: Mapping[str, str], name: str) -> bool:
+    text = env.get(name, "").strip().lower()
+    if text in ("", "0", "false", "no", "off"):
+        return False
+    if text in ("1", "true", "yes", "on"):
+        return True
+    raise RuntimeConfigError(f"{text!r} is not 1 or 0 (true/false, yes/no, on/off)",
+                             source=f"environment variable {name}")
 
 
 def _choice(env: Mapping[str, str], name: str, choices: tuple[str, ...], default: str) -> str:

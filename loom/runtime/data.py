@@ -17,6 +17,10 @@ batch in loader` loop). A job resumed in epoch e gets empty iterators for epochs
 0…e-1, so the script's own epoch counter lines up without edits; per-epoch code
 outside the batch loop runs again for those empty epochs (keep it idempotent).
 
+A process hosting several logical ranks (world-size virtualisation) keeps a shard,
+a rebuilt loader and a position per logical rank, and serves the batch of the rank
+the runtime names before each fetch.
+
 Loaders that cannot be rebuilt (an IterableDataset, a custom sampler or batch
 sampler) are iterated as given; on resume the first `b` batches of the epoch are
 read and discarded, which is exact only if their order is deterministic.
@@ -99,51 +103,82 @@ class ShardSampler(Sampler[int]):
         return rest // self.world if self.drop_last else math.ceil(rest / self.world)
 
 
-class ResumableLoader:
-    """Wraps the script's loader: shards by logical rank, counts batches, calls the runtime per fetch."""
+@dataclass
+class _Shard:
+    """One logical rank's view of the loader: its sampler, the loader built on it, its position."""
 
-    def __init__(self, loader: Any, *, logical_rank: int, logical_world: int,
-                 on_fetch: Callable[[], None] = lambda: None,
+    sampler: ShardSampler | None
+    loader: Any
+    generator: torch.Generator
+    position: DataPosition
+
+
+class ResumableLoader:
+    """Wraps the script's loader: shards by logical rank, counts batches, calls the runtime per fetch.
+
+    A process hosting several logical ranks (world-size virtualisation) holds a shard
+    per rank; before each batch `on_fetch` names the rank whose batch it is (None: the
+    first), so each rank advances through its own shard at its own position.
+    """
+
+    def __init__(self, loader: Any, *, logical_rank: int = 0, logical_world: int = 1,
+                 logical_ranks: list[int] | None = None,
+                 on_fetch: Callable[[], int | None] = lambda: None,
                  on_epoch_end: Callable[[], None] = lambda: None) -> None:
         self.original = loader
+        self.ranks = list(logical_ranks) if logical_ranks else [logical_rank]
         self._on_fetch, self._on_epoch_end = on_fetch, on_epoch_end
         self._epochs = 0  # iter() calls so far
-        self._resume: DataPosition | None = None
-        self._generator = torch.Generator()
-        self.sampler = _shard_sampler(loader, logical_world, logical_rank)
-        if self.sampler is not None:
-            self._loader = _rebuild(loader, self.sampler, self._generator)
-            size = loader.batch_size
-        else:
+        self._resume: dict[int, DataPosition] | None = None
+        first = _make_shard(loader, logical_world, self.ranks[0], None)
+        seed = first.sampler.seed if first.sampler is not None else None  # one shuffle seed for all
+        self._shards = {r: first if r == self.ranks[0] else _make_shard(loader, logical_world, r, seed)
+                        for r in self.ranks}
+        if self.sampler is None:
+            if len(self.ranks) > 1:
+                raise RuntimeUsageError(
+                    f"world-size virtualisation ({len(self.ranks)} logical ranks on this process) needs a "
+                    f"loader Loom can shard by logical rank (a DataLoader over a map-style dataset with a "
+                    f"DistributedSampler, RandomSampler or SequentialSampler), not a {_describe(loader)}")
             log.warning("loom runtime: the data loader (%s) cannot be resharded; on resume its "
                         "first batches are replayed and discarded", _describe(loader))
-            self._loader, size = loader, getattr(loader, "batch_size", None) or 1
-        seed = self.sampler.seed if self.sampler is not None else 0
-        self.position = DataPosition(world=logical_world, batch_size=size, seed=seed,
-                                     resharded=self.sampler is not None)
+
+    @property
+    def sampler(self) -> ShardSampler | None:
+        """The first hosted logical rank's sampler (None: a loader iterated as given)."""
+        return self._shards[self.ranks[0]].sampler
+
+    @property
+    def position(self) -> DataPosition:
+        return self._shards[self.ranks[0]].position
 
     # --- iteration ------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         epoch, self._epochs = self._epochs, self._epochs + 1
         resume = self._resume
-        if resume is not None and epoch < resume.epoch:
-            return _Fetch(self, iter(()))  # an epoch finished before the checkpoint
-        skip, offset = 0, 0
-        if resume is not None and epoch == resume.epoch:
+        if resume is not None and epoch < resume[self.ranks[0]].epoch:
+            return _Fetch(self, {r: iter(()) for r in self.ranks})  # an epoch finished before the checkpoint
+        if resume is not None and epoch == resume[self.ranks[0]].epoch:
             self._resume = None
-            offset, skip = self._resume_point(resume)
-        self.position = replace(self.position, epoch=epoch, offset=offset, batches=0)
-        if self.sampler is not None:
-            self.sampler.epoch, self.sampler.offset = epoch, offset
-            self._generator.manual_seed(self.sampler.seed * 1_000_003 + epoch)  # worker seeds
-        inner = iter(self._loader)
+        else:
+            resume = None
+        return _Fetch(self, {r: self._start(shard, epoch, resume[r] if resume else None)
+                             for r, shard in self._shards.items()})
+
+    def _start(self, shard: _Shard, epoch: int, resume: DataPosition | None) -> Iterator[Any]:
+        offset, skip = self._resume_point(shard, resume) if resume is not None else (0, 0)
+        shard.position = replace(shard.position, epoch=epoch, offset=offset, batches=skip)
+        if shard.sampler is not None:
+            shard.sampler.epoch, shard.sampler.offset = epoch, offset
+            shard.generator.manual_seed(shard.sampler.seed * 1_000_003 + epoch)  # worker seeds
+        inner = iter(shard.loader)
         for _ in range(skip):
             next(inner, None)
-        self.position = replace(self.position, batches=skip) if skip else self.position
-        return _Fetch(self, inner)
+        return inner
 
     def __len__(self) -> int:
-        return len(self._loader) if self.sampler is None else _full_len(self._loader, self.sampler)
+        shard = self._shards[self.ranks[0]]
+        return len(shard.loader) if shard.sampler is None else _full_len(shard.loader, shard.sampler)
 
     def __getattr__(self, name: str) -> Any:
         original = self.__dict__.get("original")
@@ -156,54 +191,95 @@ class ResumableLoader:
 
     # --- checkpoint state -----------------------------------------------------------------------
     def state(self) -> DataPosition:
+        """The first hosted logical rank's position."""
         return self.position
 
+    def states(self) -> dict[int, DataPosition]:
+        """Every hosted logical rank's position."""
+        return {r: shard.position for r, shard in self._shards.items()}
+
     def load(self, position: DataPosition) -> None:
-        """Continue from `position` (taken with the same or another logical world)."""
-        if not position.resharded and position.world != self.position.world:
-            raise RuntimeUsageError(
-                f"the data loader cannot be resharded, so the job cannot resume with "
-                f"{self.position.world} logical ranks from a checkpoint taken with {position.world}")
-        if self.sampler is not None:
-            self.sampler.seed = position.seed
-            self.position = replace(self.position, seed=position.seed)
-        self._resume = position
+        """Continue every hosted rank from `position` (taken with the same or another logical world)."""
+        self.load_ranks({r: position for r in self.ranks})
+
+    def set_seed(self, seed: int) -> None:
+        """Shuffle with `seed` (the processes of a job agree on rank 0's before the first epoch)."""
+        for shard in self._shards.values():
+            if shard.sampler is not None:
+                shard.sampler.seed = seed
+                shard.position = replace(shard.position, seed=seed)
+
+    def load_ranks(self, positions: dict[int, DataPosition]) -> None:
+        """Continue each hosted logical rank from its own position."""
+        for rank, position in positions.items():
+            shard = self._shards[rank]
+            if not position.resharded and position.world != shard.position.world:
+                raise RuntimeUsageError(
+                    f"the data loader cannot be resharded, so the job cannot resume with "
+                    f"{shard.position.world} logical ranks from a checkpoint taken with {position.world}")
+            if shard.sampler is not None:
+                shard.sampler.seed = position.seed
+                shard.position = replace(shard.position, seed=position.seed)
+        self._resume = {r: positions[r] for r in self.ranks}
         self._epochs = 0
 
-    def _resume_point(self, position: DataPosition) -> tuple[int, int]:
+    @staticmethod
+    def _resume_point(shard: _Shard, position: DataPosition) -> tuple[int, int]:
         """(segment offset, batches to replay) of the epoch being resumed."""
-        if self.sampler is None:
+        if shard.sampler is None:
             return 0, position.batches
-        return min(position.consumed(), self.sampler.n), 0
+        return min(position.consumed(), shard.sampler.n), 0
 
-    def _advance(self) -> None:
-        self.position = replace(self.position, batches=self.position.batches + 1)
+    def _advance(self, rank: int) -> None:
+        shard = self._shards[rank]
+        shard.position = replace(shard.position, batches=shard.position.batches + 1)
 
 
 class _Fetch:
-    """One epoch's iterator: the runtime runs its boundary work before each batch is taken."""
+    """One epoch's iterator: the runtime runs its boundary work, then names the slice, before each batch."""
 
-    def __init__(self, owner: ResumableLoader, inner: Iterator[Any]) -> None:
-        self._owner, self._inner = owner, inner
+    def __init__(self, owner: ResumableLoader, inners: dict[int, Iterator[Any]]) -> None:
+        self._owner, self._inners = owner, inners
 
     def __iter__(self) -> _Fetch:
         return self
 
     def __next__(self) -> Any:
+        owner = self._owner
         try:
-            self._owner._on_fetch()
+            chosen = owner._on_fetch()
         except StopIteration as exc:  # would silently end the script's epoch
             raise RuntimeError("loom runtime: StopIteration raised at an iteration boundary") from exc
+        rank = owner.ranks[0] if chosen is None else chosen
         try:
-            batch = next(self._inner)
+            batch = next(self._inners[rank])
         except StopIteration:
-            self._owner._on_epoch_end()
+            if rank != owner.ranks[0]:
+                raise RuntimeError(f"loom runtime: logical rank {rank} ran out of batches in the middle "
+                                   "of an iteration (its shard is shorter than the first rank's)") from None
+            owner._on_epoch_end()
             raise
-        self._owner._advance()
+        owner._advance(rank)
         return batch
 
 
-def _shard_sampler(loader: Any, world: int, rank: int) -> ShardSampler | None:
+def shardable(loader: Any) -> bool:
+    """Whether the runtime can rebuild `loader` around a per-logical-rank `ShardSampler`."""
+    return _shard_sampler(loader, 1, 0, seed=0) is not None
+
+
+def _make_shard(loader: Any, world: int, rank: int, seed: int | None) -> _Shard:
+    generator = torch.Generator()
+    sampler = _shard_sampler(loader, world, rank, seed)
+    if sampler is not None:
+        inner, size, seed = _rebuild(loader, sampler, generator), loader.batch_size, sampler.seed
+    else:
+        inner, size, seed = loader, getattr(loader, "batch_size", None) or 1, 0
+    position = DataPosition(world=world, batch_size=size, seed=seed, resharded=sampler is not None)
+    return _Shard(sampler, inner, generator, position)
+
+
+def _shard_sampler(loader: Any, world: int, rank: int, seed: int | None = None) -> ShardSampler | None:
     """Our sampler standing in for the loader's, or None when it cannot be rebuilt."""
     if not isinstance(loader, DataLoader) or loader.batch_size is None:
         return None
@@ -213,7 +289,8 @@ def _shard_sampler(loader: Any, world: int, rank: int) -> ShardSampler | None:
     if isinstance(sampler, DistributedSampler):
         shuffle, seed, drop_last = sampler.shuffle, sampler.seed, sampler.drop_last
     elif isinstance(sampler, RandomSampler) and not sampler.replacement and sampler._num_samples is None:
-        shuffle, seed, drop_last = True, _seed_of(sampler.generator), False
+        shuffle, drop_last = True, False
+        seed = _seed_of(sampler.generator) if seed is None else seed
     elif isinstance(sampler, SequentialSampler):
         shuffle, seed, drop_last = False, 0, False
     else:

@@ -67,6 +67,7 @@ class LaunchSpec:
     checkpoint_interval: int = 0
     checkpoint_mode: str = "sync"
     resume: str = ""  # one of RESUME_WORDS or a checkpoint path
+    deterministic: bool = False  # LOOM_DETERMINISTIC=1: fixed-order gradient reduction
 
     @property
     def job_dir(self) -> Path:
@@ -259,6 +260,9 @@ def job_env(spec: LaunchSpec, inc: Incarnation, base: dict[str, str] | None = No
         "LOOM_WORKDIR": str(inc.workdir),
         "LOOM_INCARNATION": str(inc.number),
     })
+    if spec.deterministic:
+        env["LOOM_DETERMINISTIC"] = "1"
+        env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS, read at CUDA init
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default, set here so it prints no banner
     # MKL picks kernels by memory alignment, which differs in a resumed process: without strict
     # conditional bitwise reproducibility a resumed CPU job drifts in the last bit. Read by MKL at its
@@ -435,7 +439,8 @@ class Supervisor:
                                  "--job-id or stop it first", field="--job-id")
         self._launcher = {"pid": os.getpid(), "job_id": self.spec.job_id, "script": str(self.spec.script),
                           "script_args": list(self.spec.script_args), "logical_world": self.spec.world,
-                          "checkpoint_dir": str(self.spec.ckpt_dir), "started": time.time(), "ended": None}
+                          "checkpoint_dir": str(self.spec.ckpt_dir), "deterministic": self.spec.deterministic,
+                          "started": time.time(), "ended": None}
         write_json_atomic(self.job_dir / "launcher.json", self._launcher)
 
     def _record(self, inc: Incarnation) -> None:

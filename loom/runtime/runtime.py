@@ -11,6 +11,10 @@ Where things happen, and why there:
   the state a resumed job must start the next iteration from. Without a wrapped
   loader the cut is served in the step hook.
 
+With N logical ranks on M < N processes (or in the deterministic mode) a `Slicer`
+(virtual.py) time-slices the logical ranks through the loader and the optimizer; an
+iteration then ends with the real step of its last slice.
+
 Periodic checkpoints need no request: every rank knows the iteration, so at
 `iteration % interval == 0` each drains its meta all-reduce — nothing in flight —
 and cuts. A request (control file on rank 0, `request_barrier()` on any rank) goes
@@ -21,9 +25,12 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,13 +49,27 @@ from loom.runtime.checkpoint import (
 )
 from loom.runtime.config import RESUME_AUTO, RESUME_LATEST, RESUME_NONE, RuntimeConfig
 from loom.runtime.control import ControlChannel, Request
-from loom.runtime.data import DataPosition, ResumableLoader
+from loom.runtime.data import DataPosition, ResumableLoader, shardable
 from loom.runtime.errors import (
     CheckpointError,
     LoomRuntimeError,
-    RuntimeConfigError,
     RuntimeUsageError,
 )
+from loom.runtime.gradients import (
+    SQUASH_RTOL,
+    Gradients,
+    SquashCheck,
+    pin_bucket_layout,
+)
+from loom.runtime.virtual import (
+    Slicer,
+    fingerprints,
+    layout_of,
+    logical_ranks_of,
+    logical_streams,
+)
+
+__all__ = ["Plan", "Runtime", "find_dp_group", "logical_ranks_of"]
 
 log = logging.getLogger("loom.runtime")
 STOPPING_ACTIONS = ("stop", "migrate", "resize")
@@ -79,22 +100,6 @@ def find_dp_group(model: torch.nn.Module) -> Any:
     return group
 
 
-def logical_ranks_of(process: int, processes: int, logical_world: int) -> list[int]:
-    """The logical ranks process `process` hosts: a contiguous block of N / M."""
-    if logical_world < processes:
-        raise RuntimeConfigError(
-            f"{logical_world} logical ranks on {processes} processes: a process needs at least one "
-            "logical rank (resize to at most the logical world size)",
-            source="environment variable LOOM_LOGICAL_WORLD")
-    if logical_world != processes:
-        raise RuntimeConfigError(
-            f"{logical_world} logical ranks on {processes} processes needs world-size "
-            "virtualisation (time-slicing), which is not implemented yet; set LOOM_LOGICAL_WORLD "
-            f"to {processes}", source="environment variable LOOM_LOGICAL_WORLD")
-    per = logical_world // processes
-    return list(range(process * per, (process + 1) * per))
-
-
 class Runtime:
     """The runtime inside one training process (see `loom.runtime.wrap`)."""
 
@@ -106,9 +111,13 @@ class Runtime:
         self.processes = dist.get_world_size(self.group) if self.group is not None else 1
         self.rank = dist.get_rank(self.group) if self.group is not None else 0
         self.logical_world = self.config.logical_world or self.processes
-        self.logical_ranks = logical_ranks_of(self.rank, self.processes, self.logical_world)
+        self.layout = layout_of(self.processes, self.logical_world)
+        self.logical_ranks = self.layout[self.rank]
+        self.virtual = self.logical_world != self.processes
+        self.deterministic = self.config.deterministic
+        self._check_virtualisation(model, loader)
         self.barrier = Barrier(self.group)
-        self.iteration = 0
+        self._steps = 0  # optimizer steps of the job: completed iterations
         self.cuts: list[int] = []  # iterations at which this process cut (tests, events)
         self.closed = False
         self.state = "starting"
@@ -117,7 +126,7 @@ class Runtime:
         self._requests: list[Request] = []
         self._cut_due = False
         self._forced = False
-        self._restoring = False
+        self._runtime_call = False  # the runtime's own optimizer calls (DCP state dicts)
         self._loss: Any = None
         self._failure: str | None = None
         self._last_poll = 0.0
@@ -126,9 +135,104 @@ class Runtime:
         self._status_at = 0.0
         self._ckpt_group = dist.new_group(backend="gloo") if self.group is not None else None
         self.loader = None if loader is None else ResumableLoader(
-            loader, logical_rank=self.logical_ranks[0], logical_world=self.logical_world,
+            loader, logical_ranks=self.logical_ranks, logical_world=self.logical_world,
             on_fetch=self._on_fetch, on_epoch_end=self._on_epoch_end)
         self._hook = optimizer.register_step_post_hook(self._on_step)
+        self.slicer = self._virtualise(model, optimizer, lr_scheduler)
+
+    # --- world-size virtualisation (virtual.py, gradients.py) -----------------------------------
+    def _check_virtualisation(self, model: torch.nn.Module, loader: Any) -> None:
+        """Refuse, on every process alike, what time-slicing or the deterministic mode cannot drive."""
+        what = (f"world-size virtualisation ({self.logical_world} logical ranks on {self.processes} "
+                f"process{'es' if self.processes != 1 else ''})") if self.virtual else "the deterministic mode"
+        if self.virtual and (loader is None or not shardable(loader)):
+            raise RuntimeUsageError(
+                f"{what} needs the data loader passed to wrap(), and one Loom can shard by logical rank "
+                "(a DataLoader over a map-style dataset with a DistributedSampler, RandomSampler or "
+                "SequentialSampler): the loader drives the time-slicing")
+        if ((self.virtual or self.deterministic) and self.processes > 1
+                and not isinstance(model, DistributedDataParallel)):
+            raise RuntimeUsageError(
+                f"{what} needs the model wrapped in DistributedDataParallel: the runtime takes over "
+                "the gradient reduction of the logical ranks, which it cannot do for a script's own")
+
+    def _virtualise(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    scheduler: Any) -> Slicer | None:
+        """Give each logical rank its own RNG streams; time-slice them if this job needs it."""
+        if self.deterministic:
+            torch.use_deterministic_algorithms(True)
+        elif pin_bucket_layout(model, self.processes) is False and self.rank == 0:
+            log.warning("loom runtime: DDP's gradients fill more than one bucket: after a restart its first "
+                        "iteration sums them in another order, so a resumed run matches an uninterrupted one "
+                        "to rounding, not bit for bit (LOOM_DETERMINISTIC=1 makes it exact)")
+        if self.logical_world == 1:
+            return None
+        bases = self._agree_on_seeds()
+        streams = logical_streams(bases, self.logical_ranks, self.barrier.device)
+        if not (self.virtual or self.deterministic):
+            rng.restore(streams[self.logical_ranks[0]])
+            return None
+        gradients = Gradients(model, optimizer, self.group, self.layout, self.rank,
+                              deterministic=self.deterministic, checks=self.config.squash_checks,
+                              device=self.barrier.device)
+        return Slicer(self.logical_ranks, streams, self.barrier.device, model=model, optimizer=optimizer,
+                      scheduler=scheduler, gradients=gradients, on_check=self._on_squash_check)
+
+    def _agree_on_seeds(self) -> dict[str, int]:
+        """Rank 0's stream fingerprints (the bases of every logical rank's streams) and shuffle seed."""
+        seed = self.loader.sampler.seed if self.loader is not None and self.loader.sampler else None
+        agreed = [fingerprints(rng.capture(self.barrier.device)), seed]
+        if self._ckpt_group is not None:
+            dist.broadcast_object_list(agreed, src=dist.get_global_rank(self.group, 0), group=self._ckpt_group)
+        if agreed[1] is not None:
+            self.loader.set_seed(agreed[1])
+        return agreed[0]
+
+    def _on_squash_check(self, check: SquashCheck) -> None:
+        """Every process, at the step of a validated iteration: log the comparison and the verdict."""
+        iteration = self._steps + 1
+        diff = check.relative_difference if math.isfinite(check.relative_difference) else None
+        self._event("squash_check", iteration=iteration, relative_difference=diff, tolerance=SQUASH_RTOL,
+                    ok=check.ok)
+        if not check.ok:
+            if self.rank == 0:
+                log.warning("loom runtime: the squashed gradient differs from the unsquashed one by %s "
+                            "(relative, tolerance %g) at iteration %d: squashing disabled", diff,
+                            SQUASH_RTOL, iteration)
+            self._event("squash_disabled", iteration=iteration, relative_difference=diff,
+                        tolerance=SQUASH_RTOL, reason="the squashed gradient differs from the unsquashed "
+                        "one; every logical rank's gradient is now reduced separately, in rank order")
+        elif check.remaining == 0:
+            self._event("squash_enabled", iteration=iteration)
+        self._status(force=True)
+
+    @property
+    def squash(self) -> str:
+        """none (no time-slicing) | validating | on | disabled | off (the deterministic mode)."""
+        return self.slicer.gradients.state if self.slicer is not None else "none"
+
+    @property
+    def iteration(self) -> int:
+        """Completed iterations as the running slice's logical rank sees them (+1 after its deferred step)."""
+        return self._steps + (self.slicer.ahead if self.slicer is not None else 0)
+
+    @property
+    def logical_rank(self) -> int:
+        """The logical rank whose slice is running (the process's only one without virtualisation)."""
+        return self.slicer.rank if self.slicer is not None else self.logical_ranks[0]
+
+    @contextmanager
+    def _runtime_calls(self) -> Iterator[None]:
+        """DCP's state-dict helpers may call optimizer.step()/zero_grad(): not the script's iteration."""
+        self._runtime_call = True
+        if self.slicer is not None:
+            self.slicer.internal = True
+        try:
+            yield
+        finally:
+            self._runtime_call = False
+            if self.slicer is not None:
+                self.slicer.internal = False
 
     # --- start ----------------------------------------------------------------------------------
     def start(self) -> None:
@@ -146,7 +250,8 @@ class Runtime:
                 self._fail(exc)
                 raise
         self._event("started", processes=self.processes, logical_world=self.logical_world,
-                    resumed_from=str(info.path) if info else None, iteration=self.iteration,
+                    layout=self.layout, deterministic=self.deterministic, squash=self.squash,
+                    resumed_from=str(info.path) if info else None, iteration=self._steps,
                     host=socket.gethostname(), pid=os.getpid())
         self._set_state("running")
         atexit.register(self._at_exit)
@@ -197,42 +302,45 @@ class Runtime:
             log.warning("loom runtime: resuming a checkpoint of %d logical ranks with %d: data is "
                         "redistributed by its global position and the run is not bit-identical "
                         "to an uninterrupted one", info.logical_world, self.logical_world)
-        self._restoring = True
-        try:
+        with self._runtime_calls():
             restored = self.checkpointer.load(info, self.model, self.optimizer, self.scheduler,
                                               self.logical_ranks)
-        finally:
-            self._restoring = False
-        self.iteration = self.barrier.iteration = restored.iteration
-        self._meter = (time.monotonic(), self.iteration)
-        own = self.logical_ranks[0]
+        self._steps = self.barrier.iteration = restored.iteration
+        self._meter = (time.monotonic(), self._steps)
         if self.loader is not None:
-            self.loader.load(restored.logical[own].data)
-        if own in restored.own_rng:
-            rng.restore(restored.logical[own].rng)  # last: nothing may draw after this
-        self._event("resumed", checkpoint=str(info.path), iteration=self.iteration)
+            self.loader.load_ranks({r: restored.logical[r].data for r in self.logical_ranks})
+        streams = {r: restored.logical[r].rng for r in self.logical_ranks if r in restored.own_rng}
+        if self.slicer is not None:  # last: nothing may draw after this
+            self.slicer.load_streams(streams)
+        elif streams:
+            rng.restore(streams[self.logical_ranks[0]])
+        self._event("resumed", checkpoint=str(info.path), iteration=self._steps)
 
     # --- per iteration --------------------------------------------------------------------------
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._restoring or self.closed:
+        if self._runtime_call or self.closed:
             return
         if self._cut_due:  # a second step with no batch fetched in between: cut here
             self._serve_cut()
-        self.iteration += 1
+        self._steps += 1
         self._poll_control()
         interval = self.config.checkpoint_interval
-        if interval and self.iteration % interval == 0:
+        if interval and self._steps % interval == 0:
             self.barrier.drain()
             self._cut_due = self._forced = True
-        elif self.barrier.step(self.iteration):
+        elif self.barrier.step(self._steps):
             self._cut_due = True
         if self._cut_due and self.loader is None:
             self._serve_cut()
         self._status()
 
-    def _on_fetch(self) -> None:
-        if self._cut_due and not self.closed:
+    def _on_fetch(self) -> int | None:
+        """Before every batch: the cut if one is due, then the logical rank whose batch it is."""
+        if self.closed:
+            return None
+        if self._cut_due:
             self._serve_cut()
+        return self.slicer.next_rank() if self.slicer is not None else None
 
     def _on_epoch_end(self) -> None:
         """A point every rank reaches together: let the in-flight save and meta all-reduce finish."""
@@ -249,10 +357,10 @@ class Runtime:
         if now - self._last_poll < self.config.control_poll_s:
             return
         self._last_poll = now
-        for request in self.channel.poll(self.iteration):
+        for request in self.channel.poll(self._steps):
             problem = self._check_request(request)
             if problem is not None:
-                self.channel.ack(request.seq, "failed", reason=problem, iteration=self.iteration,
+                self.channel.ack(request.seq, "failed", reason=problem, iteration=self._steps,
                                  action=request.action)
                 self._event("request_rejected", seq=request.seq, action=request.action, reason=problem)
                 continue
@@ -276,17 +384,17 @@ class Runtime:
         self._cut_due = False
         forced, self._forced = self._forced, False
         if self.barrier.in_flight():
-            raise BarrierInvariantError(f"cut at iteration {self.iteration} with a collective in flight")
+            raise BarrierInvariantError(f"cut at iteration {self._steps} with a collective in flight")
         served, self._requests = self._requests, []
         plan = self._broadcast_plan(forced, served)
         self.barrier.reset()
-        self.cuts.append(self.iteration)
-        self._event("cut", iteration=self.iteration, periodic=forced,
+        self.cuts.append(self._steps)
+        self._event("cut", iteration=self._steps, periodic=forced,
                     requests=[r.seq for r in served], checkpoint=plan.checkpoint, stop=plan.stop)
         if not plan.checkpoint:
             return
         self._set_state("stopping" if plan.stop else "checkpointing")
-        result = self.checkpointer.save(self._state_dict(), self.iteration, block=plan.stop,
+        result = self.checkpointer.save(self._state_dict(), self._steps, block=plan.stop,
                                         on_done=lambda r: self._on_saved(r, served, plan.stop))
         if plan.stop and self._agree(result.error is None and (self.rank != 0 or result.info is not None)):
             self._stop(served, result)
@@ -310,11 +418,13 @@ class Runtime:
         return int(flag.item()) == 0
 
     def _state_dict(self) -> dict[str, Any]:
-        position = self.loader.state() if self.loader is not None else None
-        logical = {r: LogicalState(rng.capture(self.barrier.device), position or DataPosition())
-                   for r in self.logical_ranks}
-        return training_state(self.model, self.optimizer, self.scheduler, iteration=self.iteration,
-                              logical_world=self.logical_world, logical=logical)
+        positions = self.loader.states() if self.loader is not None else {}
+        streams = (self.slicer.streams() if self.slicer is not None
+                   else {r: rng.capture(self.barrier.device) for r in self.logical_ranks})
+        logical = {r: LogicalState(streams[r], positions.get(r, DataPosition())) for r in self.logical_ranks}
+        with self._runtime_calls():
+            return training_state(self.model, self.optimizer, self.scheduler, iteration=self._steps,
+                                  logical_world=self.logical_world, logical=logical)
 
     def _on_saved(self, result: SaveResult, served: list[Request], stopping: bool) -> None:
         """Rank 0, on the saving thread once the checkpoint is durable (or failed): log and ack."""
@@ -350,7 +460,7 @@ class Runtime:
                 self.channel.ack(request.seq, "done", checkpoint=str(result.path),
                                  iteration=result.iteration, action=request.action)
             self._event("stopped", action=stops[0].action, args=stops[0].args,
-                        checkpoint=str(result.path), iteration=self.iteration)
+                        checkpoint=str(result.path), iteration=self._steps)
         raise SystemExit(0)
 
     # --- status, events, exit -------------------------------------------------------------------
@@ -383,17 +493,17 @@ class Runtime:
     def status(self) -> dict[str, Any]:
         """The status.json content (rank 0 writes it)."""
         now, (then, start_it) = time.monotonic(), self._meter
-        if now > then and self.iteration > start_it:
-            its = (self.iteration - start_it) / (now - then)
+        if now > then and self._steps > start_it:
+            its = (self._steps - start_it) / (now - then)
             batch = self.loader.state().batch_size if self.loader is not None else 0
             self._rates = (its, its * batch * self.logical_world)
-            self._meter = (now, self.iteration)
+            self._meter = (now, self._steps)
         last = self.checkpointer.last if self.checkpointer is not None else None
-        status = {"job_id": self.config.job_id, "state": self.state, "iteration": self.iteration,
+        status = {"job_id": self.config.job_id, "state": self.state, "iteration": self._steps,
                   "logical_world": self.logical_world, "processes": self.processes,
                   "iterations_per_s": round(self._rates[0], 6), "samples_per_s": round(self._rates[1], 6),
                   "loss": _float_or_none(self._loss), "last_checkpoint": str(last.path) if last else None,
-                  "updated": time.time()}
+                  "deterministic": self.deterministic, "squash": self.squash, "updated": time.time()}
         if self._failure:
             status["error"] = self._failure
         return status
@@ -412,6 +522,8 @@ class Runtime:
             return
         self.closed = True
         self._hook.remove()
+        if self.slicer is not None:
+            self.slicer.close()
         atexit.unregister(self._at_exit)
         try:
             if final_state != "failed":  # after a failure a peer may be gone: never wait on it
@@ -425,15 +537,15 @@ class Runtime:
                 self.channel.write_status(self.status())
                 if final_state != "stopped":
                     self._answer_unserved(final_state)
-                    self._event(final_state, iteration=self.iteration, error=self._failure)
+                    self._event(final_state, iteration=self._steps, error=self._failure)
             if self._ckpt_group is not None and dist.is_initialized() and final_state != "failed":
                 dist.destroy_process_group(self._ckpt_group)
                 self._ckpt_group = None
 
     def _answer_unserved(self, final_state: str) -> None:
-        pending = self._requests + (self.channel.poll(self.iteration) if self.channel else [])
+        pending = self._requests + (self.channel.poll(self._steps) if self.channel else [])
         for request in pending:
-            self.channel.ack(request.seq, "failed", iteration=self.iteration, action=request.action,
+            self.channel.ack(request.seq, "failed", iteration=self._steps, action=request.action,
                              reason=f"the job {final_state} before the request was served")
         self._requests = []
 

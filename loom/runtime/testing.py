@@ -137,7 +137,8 @@ def tiny_job(out: str, epochs: int = 3, sleep_s: float = 0.0, samples: int = 96)
 
     It draws from every stream a checkpoint must restore (dropout: torch; noise: NumPy
     and Python), steps an LR scheduler after the optimizer, and runs with or without
-    torch.distributed (RANK set or not). One log file per rank: `<out>.<rank>`.
+    torch.distributed (RANK set or not). One log file per **logical** rank,
+    `<out>.<logical rank>` (the process rank unless the world is virtualised).
     """
     import random
 
@@ -151,7 +152,6 @@ def tiny_job(out: str, epochs: int = 3, sleep_s: float = 0.0, samples: int = 96)
     distributed = "RANK" in os.environ
     if distributed:
         dist.init_process_group("gloo")
-    rank = dist.get_rank() if distributed else 0
     torch.manual_seed(0)
     random.seed(0)
     np.random.seed(0)
@@ -168,7 +168,8 @@ def tiny_job(out: str, epochs: int = 3, sleep_s: float = 0.0, samples: int = 96)
     model, optimizer, loader = loom.runtime.wrap(model, optimizer, loader, lr_scheduler=scheduler)
 
     runtime = loom.runtime.current()
-    with open(f"{out}.{rank}", "a") as log:
+    logs = {r: open(f"{out}.{r}", "a") for r in runtime.logical_ranks}  # noqa: SIM115 - closed below
+    try:
         for epoch in range(epochs):
             for x, y in loader:
                 noise = float(np.random.randn()) * 1e-3 + random.random() * 1e-3
@@ -177,13 +178,25 @@ def tiny_job(out: str, epochs: int = 3, sleep_s: float = 0.0, samples: int = 96)
                 loss.backward()
                 optimizer.step()
                 scheduler.step()
+                log = logs[runtime.logical_rank]
                 log.write(f"{runtime.iteration} {epoch} {loss.item().hex()}\n")
                 log.flush()
                 loom.runtime.report(loss=loss)
                 if sleep_s:
                     time.sleep(sleep_s)
+    finally:
+        for log in logs.values():
+            log.close()
     if distributed:
         dist.destroy_process_group()
+
+
+def squash_fault(scale: float) -> None:
+    """Make this process's squashed gradients `scale` times too large (tests of squash validation;
+    call it in the job's process before `wrap`)."""
+    from loom.runtime import gradients
+
+    gradients.SQUASH_FAULT = scale
 
 
 def read_losses(path: str) -> list[tuple[int, int, str]]:
