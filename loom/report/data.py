@@ -68,7 +68,7 @@ def load_run(path: Path) -> RunData:
         try:
             decisions = pl.read_ndjson(dec_path, schema={
                 "time": pl.Float64, "decision": pl.Utf8, "job": pl.Utf8, "gpus": pl.Int64,
-                "nodes": pl.List(pl.Utf8), "reason": pl.Utf8})
+                "nodes": pl.List(pl.Utf8), "plan": pl.Utf8, "reason": pl.Utf8})
         except Exception as exc:  # noqa: BLE001
             raise LoomInputError(f"cannot read: {str(exc).splitlines()[0]}", source=str(dec_path)) from None
     return RunData(path, summary, manifest, jobs, decisions)
@@ -84,29 +84,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data
 
 
-# ------------------------------------------------------------------ summary
-def summary_rows(run: RunData) -> list[tuple[str, str]]:
-    cfg = run.manifest.get("config") or {}
-
-    def comp(key: str) -> str:
-        value = cfg.get(key)
-        if isinstance(value, dict):
-            params = ", ".join(f"{k}={v}" for k, v in (value.get("params") or {}).items())
-            return f"{value.get('name')}({params})" if params else str(value.get("name"))
-        return "" if value is None else str(value)
-
-    cluster = run.manifest.get("cluster") or {}
-    rows = [("run", str(run.path)), ("trace", comp("trace")),
-            ("cluster", f"{run.cluster} ({cluster.get('nodes', '?')} nodes, {cluster.get('gpus', '?')} GPUs)"),
-            ("policy", comp("policy")), ("placer", comp("placer")), ("speed model", comp("speed_model")),
-            ("seed", str(run.manifest.get("seed", ""))), ("loom", str(run.manifest.get("loom_version", ""))),
-            ("git commit", str(run.manifest.get("git_commit") or "")),
-            ("started (UTC)", str(run.manifest.get("started_utc", "")))]
-    for key, value in run.summary.items():
-        rows.append((key, fmt_value(key, value)))
-    return rows
-
-
+# ------------------------------------------------------------------ formatting
 def fmt_value(key: str, value: Any) -> str:
     if isinstance(value, bool) or value is None:
         return str(value)
@@ -134,22 +112,6 @@ def cdf(values: np.ndarray | pl.Series) -> tuple[np.ndarray, np.ndarray]:
     return arr, np.arange(1, arr.size + 1) / max(arr.size, 1)
 
 
-def grouped_series(jobs: pl.DataFrame, column: str, by: str | None, top: int = 8) -> dict[str, np.ndarray]:
-    """`column` values per group of `by` (top groups by job count, the rest as 'other'); {} if < 2 groups."""
-    if by is None:
-        return {"all": jobs[column].drop_nulls().to_numpy()}
-    if by not in jobs.columns or jobs[by].drop_nulls().n_unique() < 2:
-        return {}
-    keys = jobs[by].fill_null("(none)").cast(pl.Utf8)
-    counts = keys.value_counts(sort=True)
-    keep = counts[keys.name][:top].to_list()
-    out = {k: jobs.filter(keys == k)[column].drop_nulls().to_numpy() for k in keep}
-    rest = jobs.filter(~keys.is_in(keep))[column].drop_nulls().to_numpy()
-    if rest.size:
-        out["other"] = rest
-    return out
-
-
 # ---------------------------------------------------------- busy GPUs in time
 def allocation_intervals(run: RunData) -> pl.DataFrame:
     """One row per span a job held a fixed allocation: job, t0, t1, gpus, nodes (list of "node:gpus").
@@ -166,21 +128,70 @@ def allocation_intervals(run: RunData) -> pl.DataFrame:
 def _allocation_intervals(run: RunData) -> pl.DataFrame:
     jobs = run.jobs
     horizon = run_end(run)
-    ends = jobs.select(pl.col("job_id").alias("job"), pl.col("end").fill_null(horizon).alias("time"))
     if run.decisions is None or run.decisions.is_empty():
         started = jobs.filter(pl.col("start").is_not_null())
         return started.select(pl.col("job_id").alias("job"), pl.col("start").alias("t0"),
                               pl.col("end").fill_null(horizon).alias("t1"), pl.col("gpus").cast(pl.Int64),
                               pl.lit(None, dtype=pl.List(pl.Utf8)).alias("nodes"))
     dec = run.decisions.filter(pl.col("decision").is_in(JOB_DECISIONS) & pl.col("job").is_not_null())
+    ends = jobs.select(pl.col("job_id").alias("job"), pl.col("end").fill_null(horizon).alias("t1"))
+    if dec["job"].is_unique().all():  # one decision per job (no preemption, resize...): no sort needed
+        raw = dec.filter(pl.col("decision").is_in(ALLOC_DECISIONS)).join(ends, on="job", how="left").select(
+            "job", pl.col("time").alias("t0"), pl.col("t1").fill_null(horizon), "gpus", "nodes")
+    else:
+        raw = _spans_between_decisions(dec, ends, horizon)
+    # a failure stops a job without a decision: its spans end there
+    from loom.report.failures import cut_at_evictions
+
+    return cut_at_evictions(run, raw)
+
+
+def _spans_between_decisions(dec: pl.DataFrame, ends: pl.DataFrame, horizon: float) -> pl.DataFrame:
+    """Each allocation decision opens a span that the job's next decision or its end closes."""
     dec = dec.with_row_index("seq").select("seq", "job", "time", "decision", "gpus", "nodes")
     ends = ends.filter(pl.col("job").is_in(dec["job"].unique().implode())).select(
-        pl.lit(len(dec), dtype=pl.UInt32).alias("seq"), "job", "time", pl.lit("end").alias("decision"),
-        pl.lit(None, dtype=pl.Int64).alias("gpus"), pl.lit(None, dtype=pl.List(pl.Utf8)).alias("nodes"))
+        pl.lit(len(dec), dtype=pl.UInt32).alias("seq"), "job", pl.col("t1").alias("time"),
+        pl.lit("end").alias("decision"), pl.lit(None, dtype=pl.Int64).alias("gpus"),
+        pl.lit(None, dtype=pl.List(pl.Utf8)).alias("nodes"))
     events = pl.concat([dec, ends]).sort("job", "time", "seq")
-    events = events.with_columns(pl.col("time").shift(-1).over("job").fill_null(horizon).alias("t1"))
+    # every job's last row is its end, so the next row of an allocation is always the same job's
+    events = events.with_columns(pl.col("time").shift(-1).fill_null(horizon).alias("t1"))
     return events.filter(pl.col("decision").is_in(ALLOC_DECISIONS)).select(
         "job", pl.col("time").alias("t0"), "t1", "gpus", "nodes")
+
+
+def run_topology(run: RunData) -> Any:
+    """The cluster named in the manifest (loaded once per report), or None when it cannot be loaded."""
+    if "topology" not in run.cache:
+        from loom.hardware.clusters import load_cluster
+
+        topology = None
+        if run.cluster:
+            try:
+                topology = load_cluster(run.cluster)
+            except (LoomInputError, OSError):
+                topology = None
+        run.cache["topology"] = topology
+    return run.cache["topology"]
+
+
+def node_spans(run: RunData, topology: Any) -> pl.DataFrame | None:
+    """The allocation spans split per node: span, job, t0, t1, node (index in `topology`), g (GPUs);
+    None without node lists (no decision log)."""
+    if "node_spans" not in run.cache:
+        run.cache["node_spans"] = _node_spans(allocation_intervals(run), topology)
+    return run.cache["node_spans"]
+
+
+def _node_spans(iv: pl.DataFrame, topology: Any) -> pl.DataFrame | None:
+    if iv.is_empty() or iv["nodes"].null_count() == len(iv):
+        return None
+    parts = iv.with_row_index("span").explode("nodes").drop_nulls("nodes").with_columns(
+        pl.col("nodes").str.replace(r":\d+$", "").alias("name"),
+        pl.col("nodes").str.extract(r":(\d+)$", 1).cast(pl.Int64).alias("g"))
+    index = pl.DataFrame({"name": list(topology.node_names),
+                          "node": np.arange(topology.num_nodes, dtype=np.int64)})
+    return parts.join(index, on="name", how="inner").select("span", "job", "t0", "t1", "node", "g")
 
 
 def run_start(run: RunData) -> float:
@@ -259,26 +270,42 @@ def node_groups(topology: Any, max_groups: int = 64) -> tuple[str, np.ndarray, l
 
 def occupancy_heatmap(run: RunData, topology: Any, bins: int = 200) -> dict[str, Any] | None:
     """Busy GPUs / capacity per node group and time bin; None without a decision log."""
-    iv = allocation_intervals(run)
-    if iv["nodes"].null_count() == len(iv):
+    spans = node_spans(run, topology)
+    if spans is None:
         return None
     tier, group_of, names, capacity = node_groups(topology)
-    parts = iv.with_row_index("span").explode("nodes").drop_nulls("nodes").with_columns(
-        pl.col("nodes").str.extract(r"^(.*):(\d+)$", 1).alias("node"),
-        pl.col("nodes").str.extract(r"^(.*):(\d+)$", 2).cast(pl.Int64).alias("g"))
-    index = pl.DataFrame({"node": list(topology.node_names), "group": group_of.astype(np.int64)})
-    parts = parts.join(index, on="node", how="inner").group_by("span", "group", "t0", "t1").agg(pl.col("g").sum())
     edges = time_edges(run, bins)
-    grid = np.zeros((len(names), bins))
-    for (gid,), part in parts.partition_by("group", as_dict=True).items():
-        times, levels = step_function(part["t0"].to_numpy(), part["t1"].to_numpy(), part["g"].to_numpy())
-        grid[int(gid)] = binned(times, levels, edges)["mean"]
+    grid = grouped_binned(spans, group_of, len(names), edges)
     with np.errstate(divide="ignore", invalid="ignore"):
         frac = np.where(capacity[:, None] > 0, grid / capacity[:, None], 0.0)
     order = sorted(range(len(names)), key=lambda i: names[i])  # switches of one minipod side by side
     prefix = common_prefix([names[i] for i in order])
     return {"tier": tier, "groups": [names[i][len(prefix):] for i in order], "capacity": capacity[order],
             "edges": edges, "occupancy": frac[order]}
+
+
+def grouped_binned(spans: pl.DataFrame, group_of: np.ndarray, groups: int, edges: np.ndarray) -> np.ndarray:
+    """Mean busy GPUs per time bin for each group of nodes (`group_of[node]`), shape (groups, bins)."""
+    group = np.asarray(group_of, dtype=np.int64)[spans["node"].to_numpy()]
+    return boxcar_means(group, spans["t0"].to_numpy(), spans["t1"].to_numpy(), spans["g"].to_numpy(), groups, edges)
+
+
+def boxcar_means(group: np.ndarray, t0: np.ndarray, t1: np.ndarray, amount: np.ndarray, groups: int,
+                 edges: np.ndarray) -> np.ndarray:
+    """Per group, the mean over each bin [edges[k], edges[k+1]) of a sum of boxcars (`amount` on
+    [t0, t1)), shape (groups, bins), without sorting: the integral up to an edge e is
+    Σ_{t0<e} a·(e − t0) − Σ_{t1<e} a·(e − t1), from per-group cumulative sums over the edges."""
+    t0, t1 = np.asarray(t0, dtype=float), np.asarray(t1, dtype=float)
+    a = np.asarray(amount, dtype=float)
+    slots = edges.size + 1  # j = number of edges ≤ t, 0..len(edges); t < edges[k] ⟺ j ≤ k
+
+    def cumulative(t: np.ndarray, weight: np.ndarray) -> np.ndarray:
+        j = np.searchsorted(edges, t, side="right")
+        flat = np.bincount(group * slots + j, weights=weight, minlength=groups * slots)
+        return np.cumsum(flat.reshape(groups, slots), axis=1)[:, : edges.size]
+
+    area = edges * (cumulative(t0, a) - cumulative(t1, a)) - (cumulative(t0, a * t0) - cumulative(t1, a * t1))
+    return np.diff(area, axis=1) / np.diff(edges)
 
 
 def common_prefix(names: list[str]) -> str:
@@ -301,7 +328,7 @@ def largest_jobs(run: RunData, n: int) -> pl.DataFrame:
     return started.sort(["gpus", "gpu_seconds"], descending=True).head(n)
 
 
-def placements(run: RunData, n: int = 5) -> list[dict[str, Any]]:
+def placements(run: RunData, n: int = 3) -> list[dict[str, Any]]:
     """The last allocation (node → GPUs) of each of the `n` largest started jobs."""
     if run.decisions is None:
         return []
@@ -328,6 +355,8 @@ def decision_subset(run: RunData, first: int = 5000, top_jobs: int = 100) -> tup
     """The first `first` decisions plus every decision of the `top_jobs` largest jobs, and a note saying so."""
     dec = run.decisions
     if dec is None:
+        if (run.path / "decisions.jsonl").is_file():
+            return pl.DataFrame(), "The run made no decisions."
         return pl.DataFrame(), "This run has no decision log (it was made with --no-decision-log)."
     dec = dec.with_row_index("seq")
     if len(dec) <= first:
@@ -336,17 +365,3 @@ def decision_subset(run: RunData, first: int = 5000, top_jobs: int = 100) -> tup
     subset = dec.filter((pl.col("seq") < first) | pl.col("job").is_in(big))
     return subset, (f"{len(subset):,} of {len(dec):,} decisions: the first {first:,} plus every decision of the "
                     f"{top_jobs} largest jobs (by GPUs). The full log is decisions.jsonl in the run directory.")
-
-
-# --------------------------------------------------------------- per class
-def class_table(jobs: pl.DataFrame, by: str = "job_class") -> pl.DataFrame:
-    total = jobs["gpu_seconds"].sum() or 1.0
-    return jobs.group_by(pl.col(by).fill_null("(none)").cast(pl.Utf8)).agg(
-        pl.len().alias("jobs"),
-        pl.col("jct_s").mean().alias("avg_jct_s"), pl.col("jct_s").median().alias("p50_jct_s"),
-        pl.col("jct_s").quantile(0.99, "linear").alias("p99_jct_s"),
-        pl.col("queue_s").mean().alias("avg_queue_s"), pl.col("queue_s").median().alias("p50_queue_s"),
-        pl.col("queue_s").quantile(0.99, "linear").alias("p99_queue_s"),
-        (pl.col("gpu_seconds").sum() / 3600).alias("gpu_hours"),
-        (pl.col("gpu_seconds").sum() / total).alias("gpu_hours_share"),
-    ).sort("jobs", descending=True)

@@ -43,11 +43,12 @@ def occupancy(decisions: pl.DataFrame, nodes: list[str], end: float) -> list[tup
 
 
 def gantt_figure(decisions: pl.DataFrame, jobs: pl.DataFrame) -> bytes | None:
-    from loom.report.plots import plt, to_png
-
     info = reservation_rows(decisions)
     if info is None:
         return None
+    # Matplotlib only for runs with a reservation
+    from loom.report.plots import plt, to_png
+
     nodes = info["nodes"][:MAX_NODES]
     ends = dict(zip(jobs["job_id"], jobs["end"], strict=False)) if "end" in jobs.columns else {}
     planned = jobs.filter(pl.col("job_id") == info["job"])

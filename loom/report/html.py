@@ -1,28 +1,57 @@
-"""`write_report`: one self-contained HTML page about a run (PNG figures inlined as base64)."""
+"""`write_report`: one self-contained HTML page about a run (PNG figures inlined as base64, the
+placements as inline SVG, no external resource).
+
+Sections that do not apply to a run (SLA tiers, failures, resizes, reservations, per-group
+tables with a single group) are left out rather than shown empty.
+"""
 
 from __future__ import annotations
 
 import base64
 import html
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from loom.report import data as D
+from loom.report import inputs, jobstats, sections, tables
+from loom.report.svgchart import CHART_CSS
 
-TIMELINE_BINS = 1000
+TIMELINE_BINS = 600
 HEATMAP_BINS = 200
-PLACEMENT_JOBS = 5
+PLACEMENT_JOBS = 3
+esc = html.escape
 
 CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1250px;color:#222}
-h1{font-size:1.6em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
-table{border-collapse:collapse;font-size:.9em}td,th{border:1px solid #ddd;padding:.25em .6em;text-align:right}
-th{background:#f4f4f4}td.l,th.l{text-align:left}img{max-width:100%;display:block;margin:.5em 0}
-.note{color:#666;font-size:.9em}#declog{max-height:600px;overflow:auto;display:block}
-input{font-size:1em;padding:.3em;width:18em}nav a{margin-right:1em}
+*{box-sizing:border-box}
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;padding:1em 1.5em;
+max-width:1310px;color:#222;line-height:1.35}
+h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:1.6em}
+h3{font-size:1.05em;margin:.2em 0 .4em}.sub{color:#555;margin-top:0}
+nav{position:sticky;top:0;background:#fff;padding:.4em 0;border-bottom:1px solid #eee;z-index:2;display:flex;
+flex-wrap:wrap;gap:.2em 1.1em}nav a{white-space:nowrap}
+table{border-collapse:collapse;font-size:.88em}td,th{border:1px solid #ddd;padding:.25em .55em}
+th{background:#f4f4f4}table.num td{text-align:right}table.num td:first-child,table.num td.l{text-align:left}
+.tablewrap{max-width:100%;overflow-x:auto;margin:.4em 0}
+.cards{columns:3 360px;column-gap:1.4em}
+.card{border:1px solid #e4e4e4;border-radius:4px;padding:.5em .7em;margin:0 0 .9em;break-inside:avoid}
+.kv{width:100%}.kv th{text-align:left;font-weight:normal;background:none;color:#444;width:52%}.kv td{text-align:right}
+.kv th,.kv td{border:none;border-bottom:1px solid #f0f0f0;overflow-wrap:anywhere}
+img,svg{max-width:100%;height:auto;display:block;margin:.5em 0}
+.note{color:#555;font-size:.9em;max-width:1100px}
+.declog{max-height:640px;overflow:auto;border:1px solid #ddd}
+#declog{table-layout:fixed;width:100%;min-width:900px}#declog td{vertical-align:top;overflow-wrap:anywhere}
+#declog thead th{position:sticky;top:0;z-index:1;text-align:left}
+.c-seq{width:5.5em}.c-time{width:7.5em}.c-kind{width:6.5em}.c-job{width:9em}.c-gpus{width:4.2em}
+.c-nodes{width:15em}td.k{font-weight:600}td.preempt{color:#b03a2e}td.resize{color:#6c3483}
+td.resume,td.migrate{color:#1f618d}.who{color:#777;font-size:.85em;margin-right:.3em}
+input{font-size:1em;padding:.3em;width:18em}
+details{margin:.6em 0}summary{cursor:pointer;font-weight:600}
+figure.placement{margin:.8em 0}figcaption{font-size:.9em;font-weight:600}
 .warnings{background:#fff6e0;border:1px solid #e0b040;padding:.6em 1em;margin:1em 0}.warnings ul{margin:.3em 0}
 """
 
@@ -36,6 +65,13 @@ function filterDecisions(){
 """
 
 
+@dataclass
+class Section:
+    id: str
+    title: str
+    body: str
+
+
 def write_report(run_dir: Path, out: Path | None = None) -> Path:
     """Write the HTML report of the run in `run_dir` (default `run_dir/report.html`); return its path."""
     run_dir = Path(run_dir)
@@ -47,36 +83,287 @@ def write_report(run_dir: Path, out: Path | None = None) -> Path:
     return out
 
 
-def figures(run: D.RunData) -> dict[str, Any]:
-    """All figures as PNG bytes (placements: list of (job, png)); keys missing when not computable."""
-    from loom.report import plots
+def render(run: D.RunData) -> str:
+    t0 = time.perf_counter()
+    builders = (summary_section, distribution_section, timeline_section, heatmap_section, group_section,
+                sla_section, failure_section, resize_section, reservation_section, placement_section,
+                decision_section)
+    found = [s for s in (build(run) for build in builders) if s is not None]
+    nav = "".join(f"<a href='#{s.id}'>{esc(s.title)}</a>" for s in found)
+    head = (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            f"<meta name='viewport' content='width=device-width, initial-scale=1'><title>Loom run {esc(run.name)}"
+            f"</title><style>{CSS}{CHART_CSS}</style><script>{FILTER_JS}</script></head><body>")
+    parts = [head,
+             f"<h1>Loom run report: {esc(run.name)}</h1><p class='sub'>{esc(subtitle(run))}</p>",
+             f"<nav>{nav}</nav>", warnings_box(run.summary)]
+    parts += [f"<h2 id='{s.id}'>{esc(s.title)}</h2>{s.body}" for s in found]
+    parts.append(f"<p class='note'>Generated by loom in {time.perf_counter() - t0:.1f} s.</p></body></html>")
+    return "\n".join(parts)
 
-    figs: dict[str, Any] = {}
-    jobs = run.jobs
-    rows = [("all jobs", D.grouped_series(jobs, "jct_s", None), D.grouped_series(jobs, "queue_s", None))]
-    for by, label in (("job_class", "by job class"), ("vc", "by VC")):
-        jct = D.grouped_series(jobs, "jct_s", by)
-        if jct:
-            rows.append((label, jct, D.grouped_series(jobs, "queue_s", by)))
-    figs["cdf"] = plots.cdf_figure(rows)
-    times, levels = D.busy_gpus(run)
+
+def subtitle(run: D.RunData) -> str:
+    cfg = inputs.config(run)
+    jobs = run.summary.get("jobs", run.jobs.height)
+    return (f"policy {inputs.policy_name(run) or '?'} · trace {cfg.get('trace', '?')} · cluster "
+            f"{run.cluster or '?'} · {jobs:,} jobs")
+
+
+def img(png: bytes, alt: str) -> str:
+    return f"<img alt='{esc(alt)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
+
+
+def note(text: str) -> str:
+    return f"<p class='note'>{text}</p>"
+
+
+def warnings_box(summary: dict[str, Any]) -> str:
+    """The run's sanity warnings and dropped jobs (loom.report.sanity), above everything else."""
+    items = [w["message"] for w in summary.get("warnings", [])]
+    dropped = summary.get("dropped") or {}
+    if dropped.get("count"):
+        why = ", ".join(f"{n:,} {reason}" for reason, n in dropped.get("reasons", {}).items())
+        items.insert(0, f"{dropped['count']:,} of {summary.get('trace_jobs', 0):,} trace jobs were dropped: {why}")
+    if not items:
+        return ""
+    return ("<div class='warnings' role='alert'><strong>Read this first</strong><ul>"
+            + "".join(f"<li>{esc(m)}</li>" for m in items) + "</ul></div>")
+
+
+# ------------------------------------------------------------------ sections
+def run_rows(run: D.RunData) -> list[tuple[str, str]]:
+    """Where the run came from: config components, cluster size, version (manifest.json)."""
+    cfg = inputs.config(run)
+
+    def comp(key: str) -> str:
+        value = cfg.get(key)
+        if isinstance(value, dict):
+            params = ", ".join(f"{k}={v}" for k, v in (value.get("params") or {}).items())
+            return f"{value.get('name')}({params})" if params else str(value.get("name"))
+        return "" if value is None else str(value)
+
+    cluster = run.manifest.get("cluster") or {}
+    rows = [("run directory", str(run.path)), ("trace", comp("trace")),
+            ("cluster", f"{run.cluster} ({sections.fmt_count(cluster.get('nodes', '?'))} nodes, "
+                        f"{sections.fmt_count(cluster.get('gpus', '?'))} GPUs)" if cluster else str(run.cluster or "?")),
+            ("policy", comp("policy")), ("placer", comp("placer")), ("speed model", comp("speed_model")),
+            ("seed", str(run.manifest.get("seed", ""))), ("loom", str(run.manifest.get("loom_version", ""))),
+            ("git commit", str(run.manifest.get("git_commit") or "")),
+            ("started (UTC)", str(run.manifest.get("started_utc", "")))]
+    return [(k, v) for k, v in rows if v]
+
+
+def summary_section(run: D.RunData) -> Section:
+    groups = sections.summary_sections(run.summary, run_rows(run), inputs.policy_name(run))
+    sla = sla_rows(run)
+    if sla:  # summary.json holds no SLA figures: they come from the run's files (loom.report.tiers)
+        at = next((i for i, (title, _) in enumerate(groups) if title == "Energy"), len(groups) - 1) + 1
+        groups.insert(at, ("SLA attainment", sla))
+    return Section("summary", "Summary", tables.cards(groups))
+
+
+def sla_attainment(run: D.RunData) -> dict[str, Any] | None:
+    """The per-tier attainment of an SLA run (computed once per report), None for other runs."""
+    from loom.report import tiers
+
+    if "sla" not in run.cache:
+        run.cache["sla"] = tiers.attainment(run) if tiers.applies(run) else None
+    return run.cache["sla"]
+
+
+def sla_rows(run: D.RunData) -> list[tuple[str, str]]:
+    found = sla_attainment(run)
+    if not found:
+        return []
+    return [(f"{r['tier']} ({r['jobs']:,} job{'' if r['jobs'] == 1 else 's'})", "—" if r["attainment"] is None else
+             f"{sections.fmt_percent(r['attainment'])} attained") for r in found["rows"]]
+
+
+def distribution_section(run: D.RunData) -> Section:
+    from loom.report import charts
+
+    jobs = jobstats.with_slowdown(run.jobs)
+    if jobs["start"].drop_nulls().is_empty():
+        return Section("distributions", "JCT, queueing delay and slowdown", note("No job started."))
+    rows = []
+    for by, label in ((None, "all jobs"), ("job_class", "by job class"), ("vc", "by VC")):
+        split = jobstats.grouped(jobs, by)
+        if not split:
+            continue
+        done = {g: f.filter(pl.col("state") == "finished") for g, f in split.items()}
+        rows.append({"label": label, "jct": {g: f["jct_s"].drop_nulls().to_numpy() for g, f in done.items()},
+                     "queue": {g: f["queue_s"].drop_nulls().to_numpy() for g, f in split.items()},
+                     "slowdown": {g: f["slowdown"].drop_nulls().to_numpy() for g, f in done.items()}})
+    slow = jobstats.distribution(jobstats.bounded_slowdown(jobs))
+    share, waited = jobstats.wait_split(jobs["queue_s"].drop_nulls().to_numpy())
+    body = [charts.cdf_chart(rows)]
+    if slow["n"]:
+        body.append(tables.simple_table(
+            ["bounded slowdown", "jobs", "mean", "p50", "p99", "max"],
+            [["finished jobs", f"{slow['n']:,}", *(f"{slow[k]:,.2f}" for k in ("mean", "p50", "p99", "max"))]]))
+    wait_text = wait_sentence(share, waited.size, jobs["queue_s"].drop_nulls().len())
+    body.append(note(
+        f"Empirical CDFs over jobs: JCT and bounded slowdown over finished jobs, queueing delay (first start − "
+        f"submit) over started jobs. {esc(wait_text)} Bounded slowdown = JCT ÷ max(run time, "
+        f"{jobstats.SLOWDOWN_THRESHOLD_S:g} s), at least 1, where run time is the job's own duration at its "
+        f"requested size: 1 means it ran as if alone on an empty cluster; the {jobstats.SLOWDOWN_THRESHOLD_S:g} s "
+        "threshold keeps very short jobs from dominating. Rows per job class and per VC appear when the trace has "
+        "more than one (top 8 by job count, the rest as “other”)."))
+    return Section("distributions", "JCT, queueing delay and slowdown", "".join(body))
+
+
+def wait_sentence(no_wait: float, waited: int, started: int) -> str:
+    if not started:
+        return "No job started."
+    if waited == 0:
+        return "No job waited: every job started within 1 s of its submission."
+    text = f"{100 * no_wait:.0f}% of started jobs did not wait (queueing delay < 1 s)"
+    if no_wait >= jobstats.MOSTLY_NO_WAIT:
+        return text + f"; the queueing-delay CDF shows the {waited:,} job{'s' if waited != 1 else ''} that did wait."
+    return text + "."
+
+
+def timeline_section(run: D.RunData) -> Section:
+    from loom.report import charts
+    from loom.report.timelines import utilisation_by_type, waiting_jobs
+
     edges = D.time_edges(run, TIMELINE_BINS)
-    figs["utilisation"] = plots.utilisation_figure(times, levels, D.binned(times, levels, edges), edges,
-                                                   run.total_gpus)
-    topology = _topology(run)
-    if topology is not None:
-        heat = D.occupancy_heatmap(run, topology, HEATMAP_BINS)
-        if heat is not None:
-            figs["heatmap"] = plots.heatmap_figure(heat)
-        figs["placements"] = [(p["job"], _group_figure(topology, p) or plots.placement_figure(topology, p))
-                              for p in D.placements(run, PLACEMENT_JOBS)]
-    if run.decisions is not None:
-        from loom.report.gantt import gantt_figure
+    times, levels = D.busy_gpus(run)
+    wt, wl = waiting_jobs(run)
+    by_type = utilisation_by_type(run, D.run_topology(run), edges)
+    svg = charts.timeline_chart((times, levels, D.binned(times, levels, edges)), edges, run.total_gpus, by_type,
+                                (wt, wl, D.binned(wt, wl, edges)))
+    source = ("the decision log (start/resume/migrate/resize/preempt), job ends and failures"
+              if run.decisions is not None else "jobs' start and end (no decision log: preemptions are not visible)")
+    most = int(wl.max()) if wl.size else 0
+    peak = f"; at most {most:,} job{'s' if most != 1 else ''} waited at once" if wl.size else ""
+    text = (f"Busy GPUs and waiting jobs are computed exactly from {source}{peak}; long runs are drawn as the "
+            "mean per time bin (line) inside the min–max per bin (band). Waiting jobs: submitted, not ended and "
+            "holding no GPUs (not started yet, or stopped and not resumed).")
+    if by_type:
+        text += (" Utilisation per GPU type: busy GPUs of the type ÷ GPUs of that type installed, mean per time "
+                 "bin.")
+    return Section("utilisation", "Utilisation and queue over time", svg + note(esc(text)))
 
-        gantt = gantt_figure(run.decisions, run.jobs)
-        if gantt is not None:
-            figs["gantt"] = gantt
-    return figs
+
+def heatmap_section(run: D.RunData) -> Section | None:
+    from loom.report import charts
+
+    topology = D.run_topology(run)
+    heat = D.occupancy_heatmap(run, topology, HEATMAP_BINS) if topology is not None else None
+    if heat is None:
+        return None
+    return Section("heatmap", "Occupancy heatmap", charts.heatmap_chart(heat))
+
+
+def group_section(run: D.RunData) -> Section | None:
+    body = []
+    for by, label, what in (("job_class", "Per job class", "job classes"), ("vc", "Per VC", "VCs")):
+        table = jobstats.group_table(run.jobs, by)
+        if table is None:
+            continue
+        jain = jobstats.group_jain(table)
+        index = (f"Jain's index over the {what}' mean bounded slowdown: <strong>{jain:.3f}</strong> (1 = every "
+                 f"group slowed down equally on average; 1/n = {1 / table.height:.3f} when one of the {table.height} "
+                 "carries it all)." if jain is not None else "")
+        body.append(f"<h3>{label}</h3>" + tables.group_table(table) + note(index))
+    if not body:
+        return None
+    body.append(note("Queueing delay over started jobs; bounded slowdown and JCT over finished jobs; “did not "
+                     "wait”: queueing delay &lt; 1 s. Durations in the largest whole unit (s, min, h, d)."))
+    return Section("groups", "Per job class and VC", "".join(body))
+
+
+def sla_section(run: D.RunData) -> Section | None:
+    from loom.report import tiers
+
+    if not tiers.applies(run):
+        return None
+    found = sla_attainment(run)
+    if found is None:
+        return Section("sla", "SLA attainment per tier", note(
+            "The trace this run read cannot be read any more, so jobs' tiers are unknown."))
+    rows = [[r["tier"], sections.fmt_percent(r["fraction"]), f"{r['jobs']:,}",
+             *("—" if r[k] is None else sections.fmt_percent(r[k]) for k in ("attainment", "met_99", "held_share"))]
+            for r in found["rows"]]
+    table = tables.simple_table(["tier", "guaranteed share of request", "jobs", "attainment", "jobs ≥ 99 %",
+                                 "GPUs held ÷ requested"], rows)
+    missing = f" {found['missing']:,} jobs were not found in the trace and are left out." if found["missing"] else ""
+    return Section("sla", "SLA attainment per tier", table + note(
+        "Attainment of a job: the share of its time in system (submit → end) during which it held at least its "
+        "tier's guarantee and at least one GPU (waiting counts against it); per tier, the mean over its jobs. "
+        "“jobs ≥ 99 %”: share of jobs with attainment ≥ 99 %. Held ÷ requested: time-averaged GPUs held over "
+        "GPUs requested." + esc(missing)))
+
+
+def failure_section(run: D.RunData) -> Section | None:
+    from loom.report import charts, failures
+
+    if not failures.applies(run):
+        return None
+    timeline = failures.timeline(run)
+    body = [charts.failure_chart(timeline, D.run_start(run), D.run_end(run))]
+    missing = "" if timeline["rebuilt"] else (" The injected node failures could not be rebuilt from the config "
+                                              "(the trace or cluster is not readable here).")
+    located = timeline["events"].get("job stopped by a failure", np.array([])).size
+    total = int(run.summary.get("failure_evictions") or 0)
+    if total and located != total:
+        missing += (f" {located:,} of the run's {total:,} failure stops are located in time (a stop is found "
+                    "from a failed node the job held, or from the recovery that restarted it).")
+    body.append(note("Node failures are rebuilt from the run's config and seed; a job counts as stopped when a "
+                     "failed node held it or a recovery restart says so; jobs that failed for good end at their "
+                     "last failure." + esc(missing)))
+    parts = failures.goodput_breakdown(run.summary)
+    if parts:
+        busy = sum(h for _, h, _ in parts) or 1.0
+        body.append(charts.goodput_chart(parts))
+        rows = [[what, f"{hours:,.1f}", f"{100 * hours / busy:.1f} %", why] for what, hours, why in parts]
+        rows += [[what, f"{hours:,.1f}", "—", why] for what, hours, why in failures.outside_busy(run.summary)]
+        body.append(tables.simple_table(["GPU time", "GPU-hours", "share of busy", "what it is"], rows, text_cols={3}))
+    return Section("failures", "Failures and recovery", "".join(body))
+
+
+def resize_section(run: D.RunData) -> Section | None:
+    from loom.report import charts, timelines
+
+    table = timelines.resizes(run)
+    if table.is_empty():
+        return None
+    held = timelines.resized_jobs_gpus(run, table["job"].unique().to_list())
+    svg = charts.resize_chart(held, table, D.run_start(run), D.run_end(run))
+    counts = timelines.resize_counts(table)
+    return Section("elastic", "Elastic resizing", svg + tables.simple_table(
+        list(counts), [[f"{v:,}" for v in counts.values()]]) + note(
+        "Every resize decision of the elastic policy: the job's GPUs before (its previous allocation) and after."))
+
+
+def reservation_section(run: D.RunData) -> Section | None:
+    if run.decisions is None:
+        return None
+    from loom.report.gantt import gantt_figure
+
+    gantt = gantt_figure(run.decisions, run.jobs)
+    return Section("reservation", "Reservation", img(gantt, "reservation Gantt chart")) if gantt else None
+
+
+def placement_section(run: D.RunData) -> Section | None:
+    topology = D.run_topology(run)
+    if topology is None or run.decisions is None:
+        return None
+    found = D.placements(run, PLACEMENT_JOBS)
+    if not found:
+        return None
+    from loom.report.svg import placement_svg
+
+    figures = []
+    for p in found:
+        png = _group_figure(topology, p)
+        figures.append(img(png, f"placement of job {p['job']}") if png else placement_svg(topology, p))
+    body = ("<details><summary>Show the placements of the "
+            f"{len(found)} largest jobs (by GPUs)</summary>"
+            + note("Each box is a minipod; inner boxes are leaf switches, squares nodes. The job's last allocation "
+                   "is coloured (darker = more of the node's GPUs; hover a node for its name); leaf switches it "
+                   "touches are outlined in orange.") + "".join(figures) + "</details>")
+    return Section("placements", f"Placements of the {len(found)} largest jobs", body)
 
 
 def _group_figure(topology: Any, placement: dict[str, Any]) -> bytes | None:
@@ -85,8 +372,6 @@ def _group_figure(topology: Any, placement: dict[str, Any]) -> bytes | None:
     plan = placement.get("plan")
     if not plan:
         return None
-    import numpy as np
-
     from loom.errors import LoomInputError
     from loom.placement.arnold.plot import draw
     from loom.placement.arnold.problem import JobShape
@@ -107,116 +392,9 @@ def _group_figure(topology: Any, placement: dict[str, Any]) -> bytes | None:
     return plots.to_png(draw(grid, shape, topology, title=f"job {placement['job']}: dp{dp}·tp{tp}·pp{pp}"))
 
 
-def _topology(run: D.RunData) -> Any:
-    from loom.errors import LoomInputError
-    from loom.hardware.clusters import load_cluster
-
-    if not run.cluster:
-        return None
-    try:
-        return load_cluster(run.cluster)
-    except (LoomInputError, OSError):
-        return None
-
-
-def render(run: D.RunData) -> str:
-    t0 = time.perf_counter()
-    figs = figures(run)
-    esc = html.escape
-    parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Loom run {esc(run.name)}</title>",
-             f"<style>{CSS}</style><script>{FILTER_JS}</script></head><body>",
-             f"<h1>Loom run report: {esc(run.name)}</h1>",
-             "<nav><a href='#summary'>Summary</a><a href='#cdf'>JCT and queueing delay</a>"
-             "<a href='#utilisation'>Utilisation</a><a href='#heatmap'>Occupancy heatmap</a>"
-             "<a href='#placements'>Largest jobs' placements</a><a href='#classes'>Per class</a>"
-             "<a href='#decisions'>Decision log</a></nav>"]
-    parts.append(warnings_box(run.summary))
-    parts.append("<h2 id='summary'>Summary</h2>" + kv_table(D.summary_rows(run)))
-    parts.append("<h2 id='cdf'>JCT and queueing delay</h2>" + img(figs["cdf"], "JCT and queueing delay CDFs"))
-    parts.append("<p class='note'>Empirical CDFs over jobs (JCT: finished jobs; queueing delay: started jobs, "
-                 "first start − submit). Per job class and per VC when the trace has more than one "
-                 "(top 8 by job count, the rest as “other”).</p>")
-    source = "decision log (start/resume/migrate/resize/preempt) and job ends" if run.decisions is not None \
-        else "jobs' start and end (no decision log: preemptions are not visible)"
-    parts.append("<h2 id='utilisation'>GPU utilisation</h2>" + img(figs["utilisation"], "busy GPUs over time")
-                 + f"<p class='note'>Busy GPUs, exact step function from the {esc(source)}.</p>")
-    parts.append("<h2 id='heatmap'>Occupancy heatmap</h2>")
-    parts.append(img(figs["heatmap"], "occupancy heatmap") if "heatmap" in figs else
-                 "<p class='note'>Needs the decision log and the cluster named in manifest.json.</p>")
-    parts.append(f"<h2 id='placements'>Placements of the {PLACEMENT_JOBS} largest jobs</h2>")
-    if figs.get("placements"):
-        parts.append("<p class='note'>Each box row is a minipod; inner boxes are leaf switches, squares nodes. "
-                     "The job's last allocation is coloured (darker = more of the node's GPUs); "
-                     "leaves it touches are outlined in orange.</p>")
-        parts.extend(img(png, f"placement of job {job}") for job, png in figs["placements"])
-    else:
-        parts.append("<p class='note'>Needs the decision log and the cluster named in manifest.json.</p>")
-    if "gantt" in figs:
-        parts.append("<h2 id='reservation'>Reservation</h2>" + img(figs["gantt"], "reservation Gantt chart"))
-    parts.append("<h2 id='classes'>Per job class</h2>" + frame_table(D.class_table(run.jobs)))
-    if "vc" in run.jobs.columns and run.jobs["vc"].drop_nulls().n_unique() > 1:
-        parts.append("<h3>Per VC</h3>" + frame_table(D.class_table(run.jobs, "vc")))
-    subset, note = D.decision_subset(run)
-    parts.append("<h2 id='decisions'>Decision log</h2>"
-                 f"<p class='note'>{esc(note)}</p>"
-                 "<p>Job id: <input id='jobfilter' placeholder='exact job id, empty = all' "
-                 "oninput='filterDecisions()'> <span id='shown' class='note'></span></p>"
-                 + decision_table(subset))
-    parts.append(f"<p class='note'>Generated by loom in {time.perf_counter() - t0:.1f} s.</p></body></html>")
-    return "\n".join(parts)
-
-
-def warnings_box(summary: dict[str, Any]) -> str:
-    """The run's sanity warnings and dropped jobs (loom.report.sanity), above everything else."""
-    items = [w["message"] for w in summary.get("warnings", [])]
-    dropped = summary.get("dropped") or {}
-    if dropped.get("count"):
-        why = ", ".join(f"{n:,} {reason}" for reason, n in dropped.get("reasons", {}).items())
-        items.insert(0, f"{dropped['count']:,} of {summary.get('trace_jobs', 0):,} trace jobs were dropped: {why}")
-    if not items:
-        return ""
-    return ("<div class='warnings' role='alert'><strong>Read this first</strong><ul>"
-            + "".join(f"<li>{html.escape(m)}</li>" for m in items) + "</ul></div>")
-
-
-def img(png: bytes, alt: str) -> str:
-    return f"<img alt='{html.escape(alt)}' src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
-
-
-def kv_table(rows: list[tuple[str, str]]) -> str:
-    body = "".join(f"<tr><th class='l'>{html.escape(k)}</th><td class='l'>{html.escape(v)}</td></tr>"
-                   for k, v in rows)
-    return f"<table>{body}</table>"
-
-
-def frame_table(frame: pl.DataFrame) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in frame.columns)
-    rows = []
-    for row in frame.iter_rows():
-        cells = []
-        for col, value in zip(frame.columns, row):
-            if col.endswith("_share") and value is not None:
-                text = f"{100 * value:.1f}%"
-            else:
-                text = D.fmt_value(col, value)
-            cells.append(f"<td>{html.escape(text)}</td>")
-        rows.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-
-
-def decision_table(frame: pl.DataFrame) -> str:
-    if frame.is_empty():
-        return "<p class='note'>No decisions.</p>"
-    esc = html.escape
-    rows = []
-    for seq, t, kind, job, gpus, nodes, reason in frame.select(
-            "seq", "time", "decision", "job", "gpus", "nodes", "reason").iter_rows():
-        job = "" if job is None else str(job)
-        nodes_text = ", ".join(nodes) if nodes else ""
-        rows.append(f"<tr data-job='{esc(job)}'><td>{seq}</td><td>{t:,.1f}</td><td class='l'>{esc(kind)}</td>"
-                    f"<td class='l'>{esc(job)}</td><td>{'' if gpus is None else gpus}</td>"
-                    f"<td class='l'>{esc(nodes_text)}</td><td class='l'>{esc(reason or '')}</td></tr>")
-    head = "".join(f"<th class='l'>{h}</th>" for h in ("#", "time (s)", "decision", "job", "GPUs", "nodes",
-                                                        "reason"))
-    return f"<table id='declog'><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-
+def decision_section(run: D.RunData) -> Section:
+    subset, text = D.decision_subset(run)
+    return Section("decisions", "Decision log", note(esc(text))
+                   + "<p>Job id: <input id='jobfilter' placeholder='exact job id, empty = all' "
+                     "oninput='filterDecisions()'> <span id='shown' class='note'></span></p>"
+                   + tables.decision_table(subset))
