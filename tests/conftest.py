@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import os
+
 import pytest
+from hypothesis import HealthCheck, is_hypothesis_test, settings
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -48,3 +51,40 @@ def write_file(directory, text: str, name: str = "t.csv"):
 
 def job(jid: str, t: float, gpus: int, duration: float, **kw) -> JobSpec:
     return JobSpec(job_id=jid, submit_time=t, gpus=gpus, duration=duration, **kw)
+
+
+# ----------------------------------------------------------------------------- hypothesis profiles
+# CI loads no profile: every property keeps the settings written on it (simharness.PROPERTY_SETTINGS:
+# 100 derandomised examples, the same every run; a few tests set their own count). The "deep"
+# profile is bench/property_profile.py's (docs/BENCHMARKS.md, "Deep property profile"):
+#     LOOM_DEEP_EXAMPLES=10000 python3 -m pytest --hypothesis-profile=deep --hypothesis-seed=S tests/...
+# runs every @given test randomised from seed S (no derandomize) with LOOM_DEEP_EXAMPLES examples,
+# no deadline, no example database, too_slow suppressed. A test's own @settings override any
+# profile, so the hook below puts the profile's run-size settings back on top of each collected
+# Hypothesis test; it does nothing unless the deep profile is loaded.
+DEEP_PROFILE = "deep"
+settings.register_profile(
+    DEEP_PROFILE,
+    max_examples=int(os.environ.get("LOOM_DEEP_EXAMPLES", "10000")),
+    derandomize=False,
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+_DEEP_KEYS = ("max_examples", "derandomize", "deadline", "database", "print_blob")
+
+
+def pytest_collection_modifyitems(config, items):
+    if settings.get_current_profile_name() != DEEP_PROFILE:
+        return
+    deep = settings.get_profile(DEEP_PROFILE)
+    for item in items:
+        fn = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+        if not is_hypothesis_test(fn) or getattr(fn, "_loom_deep_profile", False):
+            continue
+        own = fn._hypothesis_internal_use_settings  # what @settings/@given left on the test
+        fn._hypothesis_internal_use_settings = settings(
+            own, **{k: getattr(deep, k) for k in _DEEP_KEYS},
+            suppress_health_check=set(own.suppress_health_check) | set(deep.suppress_health_check))
+        fn._loom_deep_profile = True
