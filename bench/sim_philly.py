@@ -16,6 +16,16 @@
 Every measurement runs in a fresh `python` subprocess, so its peak RSS
 (`ru_maxrss`) is its own. Tables are printed as markdown on stdout (progress
 goes to stderr), ready to paste into docs/BENCHMARKS.md.
+
+    python bench/sim_philly.py --main-command [--runs 5] [--no-report] [--json OUT]
+
+3. The README's main command, as a user runs it: `loom simulate --trace philly --cluster philly
+   --policy fcfs --placer best-fit --out runs/philly-fcfs` (plus `--force`), `--runs` times, each
+   a fresh process in a fresh working directory. Per run: the whole process's wall time and peak
+   RSS (`os.wait4`), the phases the run records in `manifest.json` (`timing`: load, loop,
+   records, report), the time outside them (interpreter start, imports, the CLI, exit) and the
+   size of `report.html`; then the median and minimum of each. Issue 17's floor: whole command
+   ≤ 5 s, peak RSS ≤ 400 MB, report ≤ 2 s after the simulation and ≤ 3 MB.
 """
 
 from __future__ import annotations
@@ -162,6 +172,110 @@ def secs(x: float) -> str:
     return f"{x:,.1f}"
 
 
+# ------------------------------------------------------- the README's main command
+MAIN_COMMAND = ["simulate", "--trace", "philly", "--cluster", "philly", "--policy", "fcfs", "--placer", "best-fit",
+                "--out", "runs/philly-fcfs"]
+TIMING_KEYS = ("load_s", "sim_s", "records_s", "report_s", "total_s")
+FLOOR = {"wall_s": 5.0, "peak_rss_mib": 400.0, "report_s": 2.0, "report_mb": 3.0}  # issue 17 "Numbers"
+
+
+def loom_executable() -> list[str]:
+    """`loom` as the README runs it: the first on PATH (e.g. a pyenv shim), else the console script
+    beside this interpreter, else `python -m loom.cli.main`."""
+    import shutil
+
+    found = shutil.which("loom")
+    if found:
+        return [found]
+    beside = Path(sys.executable).with_name("loom")
+    return [str(beside)] if beside.is_file() else [sys.executable, "-m", "loom.cli.main"]
+
+
+def run_main_command(workdir: Path, extra: list[str]) -> dict:
+    """One run of the README command in `workdir` (fresh): wall time and peak RSS of the whole
+    process, the manifest's phase timings, report.html's size."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    cmd = loom_executable() + MAIN_COMMAND + ["--force"] + extra
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    stderr = proc.stderr.read().decode() if proc.stderr else ""
+    proc.stderr and proc.stderr.close()
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        sys.stderr.write(stderr)
+        raise SystemExit(f"`{shlex.join(cmd)}` failed with exit code {code}")
+    out = workdir / "runs" / "philly-fcfs"
+    timing = json.loads((out / "manifest.json").read_text()).get("timing") or {}
+    report = out / "report.html"
+    rss = usage.ru_maxrss / (1024 * 1024) if sys.platform == "darwin" else usage.ru_maxrss / 1024
+    row = {"wall_s": wall, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mib": rss,
+           "report_mb": report.stat().st_size / 1e6 if report.is_file() else None,
+           **{k: timing.get(k) for k in TIMING_KEYS}}
+    row["outside_s"] = wall - row["total_s"] if row["total_s"] is not None else None
+    return row
+
+
+def main_command(args: argparse.Namespace, command: str) -> int:
+    import tempfile
+
+    extra = ["--no-report"] if args.no_report else []
+    info = machine_info()
+    runs: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="loom-main-command-") as tmp:
+        for i in range(max(1, args.runs)):
+            print(f"[{i + 1}/{args.runs}] loom {shlex.join(MAIN_COMMAND + ['--force'] + extra)} ...",
+                  file=sys.stderr, flush=True)
+            runs.append(run_main_command(Path(tmp) / f"run{i}", extra))
+
+    def cell(value: float | None, fmt: str) -> str:
+        return "–" if value is None else format(value, fmt)
+
+    cols = [("wall_s", "whole command s", ".2f"), ("cpu_s", "CPU s", ".2f"),
+            ("peak_rss_mib", "peak RSS MiB", ",.0f"), ("load_s", "load s", ".2f"), ("sim_s", "loop s", ".2f"),
+            ("records_s", "records s", ".2f"), ("report_s", "report s", ".2f"),
+            ("outside_s", "start, imports, CLI, exit s", ".2f"), ("report_mb", "report.html MB", ".2f")]
+    rows = [[str(i + 1)] + [cell(r[k], f) for k, _, f in cols] for i, r in enumerate(runs)]
+    med, low = {}, {}
+    for key, _, _ in cols:
+        values = [r[key] for r in runs if r[key] is not None]
+        med[key] = statistics.median(values) if values else None
+        low[key] = min(values) if values else None
+    rows.append(["**median**"] + [cell(med[k], f) for k, _, f in cols])
+    rows.append(["min"] + [cell(low[k], f) for k, _, f in cols])
+
+    def verdict(key: str) -> str:
+        value = med[key]
+        if value is None:
+            return "–"
+        return f"{'met' if value <= FLOOR[key] else '**not met**'} ({value:.2f} vs ≤ {FLOOR[key]:g})"
+
+    machine = (f"Machine: {info['cpu']}, {info['cores']} cores ({info['cores_usable']} usable), "
+               f"{info['memory_gib']} GiB RAM; {info['platform']}; {info['python']}  ")
+    runs_line = (f"Loom {info['loom']} (commit {info['git_commit']}), {info['date_utc']}; each run: "
+                 f"`loom {shlex.join(MAIN_COMMAND + ['--force'] + extra)}` in a fresh process and directory "
+                 f"(`loom` = {shlex.join(loom_executable())}), "
+                 f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '(unset)')}.\n")
+    legend = ("*whole command* = the process's wall time (interpreter start to exit); *peak RSS* = its "
+              "`ru_maxrss`; *load*, *loop*, *records*, *report* = the phases the run records in "
+              "`manifest.json` → `timing` (cluster + trace + `Simulation`; the event loop; summary, sanity "
+              "checks, `jobs.parquet`, `decisions.jsonl`, manifest; `report.html`); the rest is interpreter "
+              "start, imports, the CLI (config, table) and exit.\n")
+    floor = ("Issue 17 floor (medians): whole command " + verdict("wall_s") + "; peak RSS " + verdict("peak_rss_mib")
+             + ("" if args.no_report else "; report after the simulation " + verdict("report_s")
+                + "; report.html MB " + verdict("report_mb")) + ".")
+    out = ["## The README main command\n", f"Command: `{command}`  ", machine, runs_line,
+           md_table(["run"] + [label for _, label, _ in cols], rows), "", legend, floor]
+    text = "\n".join(out)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"command": command, "machine": info, "runs": runs, "median": med,
+                                               "min": low, "floor": FLOOR, "markdown": text}, indent=2) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Loom simulator benchmark on the Philly trace.")
     ap.add_argument("--policies", default="fcfs,easy,sjf", help="policies for the full-trace comparison")
@@ -171,19 +285,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write all measurements to this JSON file")
     ap.add_argument("--no-decision-log", action="store_true",
                     help="do not keep the in-memory decision log (loom simulate keeps it by default)")
+    ap.add_argument("--main-command", action="store_true",
+                    help="time the README's main command (loom simulate … --out runs/philly-fcfs) as a user "
+                         "runs it: whole process wall time, peak RSS, phases, report size")
+    ap.add_argument("--runs", type=int, default=5, help="with --main-command: how many runs (median, min)")
+    ap.add_argument("--no-report", action="store_true", help="with --main-command: add --no-report")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
 
     if args.worker:
         print(json.dumps(worker(json.loads(args.worker))))
         return 0
+    command = "python bench/sim_philly.py" + ("" if not (argv or sys.argv[1:]) else
+                                              " " + shlex.join(argv if argv is not None else sys.argv[1:]))
+    if args.main_command:
+        return main_command(args, command)
 
     sizes = sorted({min(int(s), FULL_TRACE_JOBS) for s in args.sizes.split(",") if s.strip()})
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     repeat = max(1, args.repeat)
     log = not args.no_decision_log
-    command = "python bench/sim_philly.py" + ("" if not (argv or sys.argv[1:]) else
-                                              " " + shlex.join(argv if argv is not None else sys.argv[1:]))
     info = machine_info()
     recorded = recorded_philly()
 

@@ -25,10 +25,12 @@ T = TypeVar("T")
 class Registry(Generic[T]):
     """Maps names to objects; built-ins are imported lazily on first lookup."""
 
-    def __init__(self, kind: str, group: str, builtin_modules: tuple[str, ...] = ()) -> None:
+    def __init__(self, kind: str, group: str, builtin_modules: tuple[str, ...] = (),
+                 homes: dict[str, str] | None = None) -> None:
         self.kind = kind
         self.group = group
         self._builtin_modules = builtin_modules
+        self._homes = homes or {}  # name → its built-in module, where the module is not named after it
         self._entries: dict[str, T] = {}
         self._loaded = False
 
@@ -56,6 +58,9 @@ class Registry(Generic[T]):
                 self._entries[ep.name] = ep.load()
 
     def get(self, name: str) -> T:
+        found = self._entries.get(name) if self._loaded else self._builtin(name)
+        if found is not None:
+            return found
         self._load()
         try:
             return self._entries[name]
@@ -64,6 +69,22 @@ class Registry(Generic[T]):
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             known = ", ".join(sorted(self._entries))
             raise UnknownNameError(f"unknown {self.kind} '{name}' (known: {known}){hint}") from None
+
+    def _builtin(self, name: str) -> T | None:
+        """A built-in entry without importing every built-in module and scanning the entry points
+        (a run needs one policy of 14): the one registered already, else the one its module (named
+        after it, `best-fit` → `…best_fit`, or in `homes`) registers. Built-ins win over entry points
+        of the same name, so this is what a full load would return."""
+        if name in self._entries:
+            return self._entries[name]
+        home = self._homes.get(name)
+        if home is None:
+            stem = name.replace("-", "_")
+            home = next((m for m in self._builtin_modules if m.rsplit(".", 1)[-1] == stem), None)
+        if home is None or home not in self._builtin_modules:
+            return None
+        import_module(home)
+        return self._entries.get(name)
 
     def names(self) -> list[str]:
         self._load()

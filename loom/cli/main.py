@@ -156,10 +156,11 @@ def _claim_out_dir(cfg: SimConfig, force: bool) -> None:
 
 def _run_and_show(cfg: SimConfig, *, as_json: bool, quiet: bool) -> None:
     from loom.cli.run_view import RunDisplay, dropped_line, rejections_line, summary_table
-    from loom.run import run
+    from loom.run import exit_without_collecting, run
 
     with RunDisplay(err_console, enabled=not quiet) as display:
         outputs = run(cfg, display.factory, display.stage)
+    exit_without_collecting(keep=outputs)  # the process ends after this run: no teardown of it
     if (note := dropped_line(outputs.dropped, cfg.limit_jobs)) is not None:
         err_console.print(note, style="yellow", highlight=False, soft_wrap=True)
     where = f"outputs in [bold]{outputs.out_dir}[/]: {', '.join(outputs.files)}"

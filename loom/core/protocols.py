@@ -62,6 +62,7 @@ POLICIES: Registry[type] = Registry(
      "loom.policies.quota", "loom.policies.reservation", "loom.policies.crius", "loom.policies.gavel",
      "loom.policies.gandiva", "loom.policies.elasticflow", "loom.policies.sia", "loom.policies.sia_arena",
      "loom.policies.gavel_arena", "loom.policies.sla"),
+    homes={"reserve": "loom.policies.reservation"},
 )
 PLACERS: Registry[type] = Registry(
     "placer",
@@ -73,7 +74,9 @@ PLACERS: Registry[type] = Registry(
         "loom.placement.random_fit",
         "loom.placement.topo_aware", "loom.placement.arnold.placer",
     ),
+    homes={"arnold": "loom.placement.arnold.placer"},
 )
 SPEED_MODELS: Registry[type] = Registry(
-    "speed model", "loom.speed_models", ("loom.sim.speed", "loom.sim.estimator_speed", "loom.sim.arena_profile")
+    "speed model", "loom.speed_models", ("loom.sim.speed", "loom.sim.estimator_speed", "loom.sim.arena_profile"),
+    homes={"trace": "loom.sim.speed", "estimator": "loom.sim.estimator_speed"},
 )

@@ -3,6 +3,8 @@ decisions made so far, so a policy can place several jobs consistently."""
 
 from __future__ import annotations
 
+from sys import intern
+
 from loom.core.context import SchedulingContext
 from loom.core.decisions import Decision, Preempt, Resume, Start
 from loom.core.jobs import Job
@@ -72,8 +74,9 @@ class RoundPlan:
         self.state.allocate(alloc)
         self.started.append((job, alloc))
         kind = Resume if job.first_start is not None else Start
-        self.decisions.append(kind(job.job_id, alloc, f"{reason}; {self.placer.name} on {len(alloc.nodes)} node(s)",
-                                   plan))
+        # interned: most decisions of a run give one of a few reasons, and the log keeps every one
+        self.decisions.append(kind(job.job_id, alloc,
+                                   intern(f"{reason}; {self.placer.name} on {len(alloc.nodes)} node(s)"), plan))
 
     def preempt(self, job: Job, reason: str) -> None:
         assert job.allocation is not None

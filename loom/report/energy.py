@@ -11,9 +11,11 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 import yaml
 
 from loom.errors import LoomInputError
+from loom.report.columns import JobTable
 from loom.sim.engine import SimulationResult
 
 _DATA = Path(__file__).parents[1] / "hardware" / "data" / "gpu_power.yaml"
@@ -33,19 +35,24 @@ def gpu_power() -> tuple[float, dict[str, float]]:
     return idle, board
 
 
-def energy(result: SimulationResult) -> dict[str, float]:
+def energy(result: SimulationResult, table: JobTable | None = None) -> dict[str, float]:
     """kWh busy, idle and total over the run (failed GPUs draw nothing)."""
     idle_w, board = gpu_power()
     topo = result.topology
+    t = table if table is not None else JobTable(result)
     default_type = topo.largest_gpu_type()
-    busy_j = 0.0
-    for job in result.jobs:
-        if not job.gpu_seconds:
-            continue
-        kind = job.spec.gpu_type
-        if job.allocation is not None:
-            kind = topo.gpu_types[int(topo.node_type[job.allocation.nodes[0]])]
-        busy_j += job.gpu_seconds * board.get(kind or default_type, board.get(default_type, 400.0))
+    fallback = board.get(default_type, 400.0)
+    # a job's GPU type: its allocation's (first node), else the one its spec asks for, else the cluster's main one
+    by_type = [board.get(kind or default_type, fallback) for kind in topo.gpu_types] + [0.0]
+    by_spec: dict[str | None, float] = {}
+    spec_watts = [by_spec[k] if k in by_spec else by_spec.setdefault(k, board.get(k or default_type, fallback))
+                  for k in t.gpu_type]
+    types = t.node_types
+    watts = np.where(types >= 0, np.asarray(by_type)[types], np.asarray(spec_watts, dtype=np.float64))
+    gpu_s = np.array(t.gpu_seconds, dtype=np.float64).reshape(len(t))
+    # summed in job order one addition at a time (cumsum), as a plain loop does: the same float as
+    # ever (jobs that held no GPUs add 0)
+    busy_j = float(np.cumsum(gpu_s * watts)[-1]) if len(t) else 0.0
     makespan = result.end_time - result.start_time
     idle_gpu_s = max(0.0, topo.total_gpus * makespan - result.failed_gpu_seconds - result.busy_gpu_seconds)
     idle_j = idle_gpu_s * idle_w

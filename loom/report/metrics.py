@@ -7,66 +7,81 @@ import polars as pl
 
 from loom.core.decisions import Resume, Start
 from loom.core.jobs import JobState
+from loom.report.columns import JobTable
 from loom.sim.engine import SimulationResult
+from loom.workload.job import JobClass
 
 
-def job_records(result: SimulationResult) -> pl.DataFrame:
-    """One row per job: times, sizes, where it ran and how often it was interrupted."""
+def job_records(result: SimulationResult, table: JobTable | None = None) -> pl.DataFrame:
+    """One row per job: times, sizes, where it ran and how often it was interrupted.
+
+    Built column by column from a `JobTable` (a per-job row loop over 100k jobs costs more
+    than the rest of the writing)."""
+    t = table if table is not None else JobTable(result)
     topo = result.topology
-    tiers = [t.name for t in topo.tiers]
-    rows: dict[str, list] = {k: [] for k in (
-        "job_id", "state", "submit", "start", "end", "queue_s", "jct_s", "run_s", "gpus", "gpu_type", "nodes",
-        "preemptions", "migrations", "resizes", "failures", "gpu_seconds", "setup_s", "job_class", "vc", "reason")}
-    spans: list[tuple[int, ...]] = []
-    for job in result.jobs:
-        spec = job.spec
-        alloc = job.allocation
-        start, end = job.first_start, job.end_time
-        rows["job_id"].append(spec.job_id)
-        rows["state"].append(job.state.name.lower())
-        rows["submit"].append(spec.submit_time)
-        rows["start"].append(start)
-        rows["end"].append(end)
-        rows["queue_s"].append(None if start is None else start - spec.submit_time)
-        rows["jct_s"].append(None if end is None else end - spec.submit_time)
-        rows["run_s"].append(spec.duration)
-        rows["gpus"].append(spec.gpus)
-        rows["gpu_type"].append(None if alloc is None else topo.gpu_types[topo.node_type[alloc.nodes[0]]])
-        rows["nodes"].append(0 if alloc is None else len(alloc.nodes))
-        rows["preemptions"].append(job.preemptions)
-        rows["migrations"].append(job.migrations)
-        rows["resizes"].append(job.resizes)
-        rows["failures"].append(job.failures)
-        rows["gpu_seconds"].append(job.gpu_seconds)
-        rows["setup_s"].append(job.setup_s)
-        rows["job_class"].append(spec.job_class.value)
-        rows["vc"].append(spec.vc)
-        rows["reason"].append(job.reason or None)
-        spans.append((0,) * len(tiers) if alloc is None else topo.switches_spanned(alloc.nodes))
+    tiers = [tier.name for tier in topo.tiers]
+    names = [""] * (max(JobState) + 1)  # by state value: list indexing is cheaper than hashing an enum
+    for state in JobState:
+        names[state] = state.name.lower()
+    classes = {id(c): c.value for c in JobClass}
+    type_names = [*topo.gpu_types, None]  # index -1: no allocation
+    submits = t.submit_time
+    nodes = [0 if alloc is None else len(alloc.nodes) for alloc in t.allocation]
+    rows: dict[str, list] = {
+        "job_id": t.job_id,
+        "state": [names[s] for s in t.state],
+        "submit": submits,
+        "start": t.first_start,
+        "end": t.end_time,
+        "queue_s": [None if start is None else start - submit for start, submit in zip(t.first_start, submits)],
+        "jct_s": [None if end is None else end - submit for end, submit in zip(t.end_time, submits)],
+        "run_s": t.duration,
+        "gpus": t.gpus,
+        "gpu_type": [type_names[i] for i in t.node_types.tolist()],
+        "nodes": nodes,
+        "preemptions": t.preemptions,
+        "migrations": t.migrations,
+        "resizes": t.resizes,
+        "failures": t.failures,
+        "gpu_seconds": t.gpu_seconds,
+        "setup_s": t.setup_s,
+        "job_class": [classes[id(c)] for c in t.job_class],
+        "vc": t.vc,
+        "reason": [r or None for r in t.reason],
+    }
     frame = pl.DataFrame(rows, schema_overrides={"start": pl.Float64, "end": pl.Float64, "queue_s": pl.Float64,
                                                  "jct_s": pl.Float64, "run_s": pl.Float64})
-    span_cols = {f"{name}_spanned": [s[i] for s in spans] for i, name in enumerate(tiers)}
-    return frame.with_columns(**{k: pl.Series(v, dtype=pl.Int32) for k, v in span_cols.items()})
+    # switches spanned per tier (`Topology.switches_spanned`): one node spans one switch per tier, none none
+    spans = [[1 if n else 0 for n in nodes] for _ in tiers]
+    switch_of = topo.switch_of.tolist()
+    for i, n in enumerate(nodes):
+        if n > 1:
+            held = t.allocation[i].nodes
+            for tier, row in enumerate(switch_of):
+                spans[tier][i] = len({row[node] for node in held})
+    return frame.with_columns(**{f"{name}_spanned": pl.Series(spans[i], dtype=pl.Int32)
+                                 for i, name in enumerate(tiers)})
 
 
 from loom.report.energy import energy
 from loom.report.reliability import reliability
 
 
-def summary(result: SimulationResult) -> dict[str, float | int]:
-    finished = [j for j in result.jobs if j.state is JobState.FINISHED]
-    jct = np.array([j.end_time - j.spec.submit_time for j in finished], dtype=float)
-    queue = np.array([j.first_start - j.spec.submit_time for j in result.jobs if j.first_start is not None],
-                     dtype=float)
+def summary(result: SimulationResult, table: JobTable | None = None) -> dict[str, float | int]:
+    t = table if table is not None else JobTable(result)
+    finished = t.is_state(JobState.FINISHED)
+    jct = (t.end - t.submit)[finished]
+    queue = (t.first - t.submit)[t.started]
     makespan = result.end_time - result.start_time
     available = result.topology.total_gpus * makespan - result.failed_gpu_seconds
+    ended = int(np.isin(t.state_codes, (JobState.FINISHED, JobState.FAILED, JobState.REJECTED,
+                                         JobState.CANCELLED)).sum())
     return {
         "jobs": len(result.jobs),
-        "finished": len(finished),
+        "finished": int(finished.sum()),
         "rejected": len(result.rejected),
-        "failed": sum(1 for j in result.jobs if j.state is JobState.FAILED),
-        "unfinished": sum(1 for j in result.jobs if j.state not in (JobState.FINISHED, JobState.FAILED,
-                                                                        JobState.REJECTED, JobState.CANCELLED)),
+        "failed": int(t.is_state(JobState.FAILED).sum()),
+        "unfinished": len(t) - ended,
         "avg_jct_s": _stat(jct, np.mean),
         "p50_jct_s": _stat(jct, np.median),
         "p99_jct_s": _stat(jct, lambda a: np.percentile(a, 99)),
@@ -76,26 +91,27 @@ def summary(result: SimulationResult) -> dict[str, float | int]:
         "makespan_s": makespan,
         "gpu_utilization": result.busy_gpu_seconds / available if available > 0 else 0.0,
         "busy_gpu_seconds": result.busy_gpu_seconds,
-        "preemptions": sum(j.preemptions for j in result.jobs),
-        "failure_evictions": sum(j.failures for j in result.jobs),
-        **launches(result),
+        "preemptions": sum(t.preemptions),
+        "failure_evictions": sum(t.failures),
+        **launches(result, t),
         "decisions": len(result.decisions),
         "events": result.events,
         "rounds": result.rounds,
         "sim_wall_s": result.sim_wall_s,
         "events_per_s": result.events / result.sim_wall_s if result.sim_wall_s > 0 else 0.0,
         **decision_latency(result),
-        **energy(result),
-        **reliability(result),
+        **energy(result, t),
+        **reliability(result, t),
     }
 
 
-def launches(result: SimulationResult) -> dict[str, float | int]:
+def launches(result: SimulationResult, table: JobTable | None = None) -> dict[str, float | int]:
     """Set-up time (STARTING: model and data loading) and launches that did not come up; zero
     with instant launches. `avg_setup_s` is over the jobs that started; `launch_failures` counts
     the Start/Resume decisions the backend answered with a failure (a modelled launch failure,
     a node failing during the launch, a launch called off by a preemption or a cancel)."""
-    setup = np.array([j.setup_s for j in result.jobs if j.first_start is not None], dtype=float)
+    t = table if table is not None else JobTable(result)
+    setup = np.array(t.setup_s, dtype=np.float64).reshape(len(t))[t.started]
     failed = sum(1 for _, decision, _ in result.record.failed_decisions if isinstance(decision, (Start, Resume)))
     return {"avg_setup_s": _stat(setup, np.mean), "launch_failures": failed}
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import numpy as np
 
 from loom.core.jobs import JobState
+from loom.report.columns import JobTable
 from loom.sim.engine import SimulationResult
 
 HOUR = 3600.0
 
 
-def reliability(result: SimulationResult) -> dict[str, float | int | None]:
+def reliability(result: SimulationResult, table: JobTable | None = None) -> dict[str, float | int | None]:
     """Goodput and lost GPU-hours (when interruptions are priced) and recovery figures."""
     out: dict[str, float | int | None] = {}
     totals = result.interruptions
@@ -25,7 +26,8 @@ def reliability(result: SimulationResult) -> dict[str, float | int | None]:
             "gpu_hours_checkpointing": totals.checkpoint_gpu_s / HOUR,
             "gpu_hours_lost_to_failures": totals.lost_gpu_s / HOUR,
         })
-    failed = [j for j in result.jobs if j.state is JobState.FAILED]
+    states = table.state if table is not None else [j.state for j in result.jobs]
+    failed = [j for j, state in zip(result.jobs, states) if state is JobState.FAILED] if JobState.FAILED in states else []
     if failed:
         out["gpu_hours_in_failed_jobs"] = sum(j.gpu_seconds for j in failed) / HOUR
     records = result.recoveries

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from loom.core.jobs import Job, JobState
+from loom.report.columns import JobTable
 from loom.sim.engine import SimulationResult
 
 DAY = 86_400.0
@@ -42,10 +43,11 @@ class SanityWarning:
 
 
 def sanity_warnings(result: SimulationResult, stats: dict[str, float | int],
-                    limits: SanityLimits = SanityLimits()) -> list[SanityWarning]:
-    """Every check that fires, in a fixed order."""
-    found = [_all_rejected(result), _low_utilization(stats, limits), _queue_hog(result, limits),
-             *_overlong_jobs(result, limits)]
+                    limits: SanityLimits = SanityLimits(), table: JobTable | None = None) -> list[SanityWarning]:
+    """Every check that fires, in a fixed order (`table`: the run's `JobTable` if already built)."""
+    t = table if table is not None else JobTable(result)
+    found = [_all_rejected(result), _low_utilization(stats, limits), _queue_hog(t, limits),
+             *_overlong_jobs(t, limits)]
     return [w for w in found if w is not None]
 
 
@@ -67,11 +69,11 @@ def _low_utilization(stats: dict[str, float | int], limits: SanityLimits) -> San
                                        "several times with --repeat N, or use a smaller cluster")
 
 
-def _queue_hog(result: SimulationResult, limits: SanityLimits) -> SanityWarning | None:
-    started = [j for j in result.jobs if j.first_start is not None]
-    if not started:
+def _queue_hog(t: JobTable, limits: SanityLimits) -> SanityWarning | None:
+    started = np.flatnonzero(t.started)
+    if not len(started):
         return None
-    waits = np.array([j.first_start - j.spec.submit_time for j in started], dtype=float)  # type: ignore[operator]
+    waits = (t.first - t.submit)[started]
     total = float(waits.sum())
     if total < limits.min_total_queue_s:
         return None
@@ -79,25 +81,27 @@ def _queue_hog(result: SimulationResult, limits: SanityLimits) -> SanityWarning 
     share = float(waits[worst]) / total
     if share < limits.single_job_queue_share:
         return None
-    job = started[worst]
+    job = t.jobs[int(started[worst])]
     return SanityWarning("queue-one-job", f"job {job.job_id} ({job.spec.gpus} GPUs) accounts for {share:.0%} of all "
                                      f"queueing ({waits[worst] / DAY:,.1f} days waited): averages describe this "
                                      "one job; look at p50 or check why it waits (size, GPU type, reservation)")
 
 
-def _overlong_jobs(result: SimulationResult, limits: SanityLimits) -> list[SanityWarning]:
-    submits = [j.spec.submit_time for j in result.jobs]
-    if len(submits) < 2:
+def _overlong_jobs(t: JobTable, limits: SanityLimits) -> list[SanityWarning]:
+    if len(t) < 2:
         return []
-    span = max(submits) - min(submits)
+    span = max(t.submit_time) - min(t.submit_time)
     if span <= 0:
         return []
-    durations = [(_run_time(j), j) for j in result.jobs if j.state is not JobState.REJECTED]
-    long = sorted(((d, j) for d, j in durations if d > limits.duration_over_span * span),
-                  key=lambda dj: -dj[0])
-    if not long:
+    # `_run_time` of every job, as a column; rejected jobs never count
+    recorded = np.array([d or 0.0 for d in t.duration], dtype=np.float64)
+    ran = ~np.isnan(t.first) & ~np.isnan(t.end)
+    durations = np.where(ran, t.end - t.first, recorded)
+    long = np.flatnonzero(~t.is_state(JobState.REJECTED) & (durations > limits.duration_over_span * span))
+    if not len(long):
         return []
-    d, job = long[0]
+    worst = int(long[int(durations[long].argmax())])  # the longest; the first of equals, as a stable sort
+    d, job = float(durations[worst]), t.jobs[worst]
     more = f" ({len(long) - 1} more like it)" if len(long) > 1 else ""
     return [SanityWarning("job-longer-than-trace",
                      f"job {job.job_id} runs {d / DAY:,.1f} days, {d / span:,.0f}× the trace's {span / DAY:,.1f}-day "

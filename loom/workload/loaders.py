@@ -25,7 +25,8 @@ LOADERS: Registry[TraceLoader] = Registry("trace format", "loom.trace_loaders", 
     "loom.workload.philly", "loom.workload.sia_philly", "loom.workload.alibaba", "loom.workload.arena",
     "loom.workload.acme", "loom.workload.generic_csv", "loom.workload.elasticflow", "loom.workload.sia_workload",
     "loom.workload.tethys", "loom.workload.alibaba_bag",
-))
+), homes={"rfold": "loom.workload.philly", "alibaba-pods": "loom.workload.alibaba", "csv": "loom.workload.generic_csv",
+          "alibaba-multigpu": "loom.workload.alibaba_bag"})
 NAMED_TRACES: dict[str, tuple[str, str]] = {
     "philly": ("rfold", "philly/rfold_philly_trace.csv"),
     "philly-vc": ("sia-philly", "philly/sia_philly.csv"),
