@@ -13,6 +13,7 @@ cd "$(dirname "$0")/.."
 DEBIAN_PACKAGES=(
     chromium         # headless browser: tests/test_report_browser.py opens report.html in it
     chromium-driver  # /usr/bin/chromedriver, driven by selenium (no driver downloads)
+    postgresql       # initdb/pg_ctl: tests/pg.py starts a throwaway server for the store's postgres tier
 )
 
 log() { printf 'setup: %s\n' "$*"; }

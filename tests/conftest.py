@@ -14,6 +14,8 @@ def _private_trace_cache(tmp_path_factory):
     yield
     mp.undo()
 
+from pg import postgres_server  # noqa: F401  (a real PostgreSQL server, session-wide: tests/pg.py)
+
 from loom.hardware.clos import clos
 from loom.hardware.topology import NodeDef, Tier, Topology
 from loom.workload.job import JobSpec

@@ -20,6 +20,7 @@ from loom.cli import place as place_cli
 from loom.cli import predict as predict_cli
 from loom.cli import report as report_cli
 from loom.cli import run as run_cli
+from loom.cli import service as service_cli
 from loom.cli import traces as traces_cli
 from loom.cli import workload as workload_cli
 from loom.cli.common import WideConsole, use_plan_cache
@@ -41,6 +42,7 @@ workload_cli.register(app)
 experiment_cli.register(app)
 predict_cli.register(app)
 run_cli.register(app)
+service_cli.register(app)
 console = WideConsole()
 
 
