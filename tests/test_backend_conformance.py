@@ -84,7 +84,79 @@ def _tap(core: Scheduler, run: Callable[[], SimulationResult], duplicate: bool) 
     return outcome
 
 
-WORLDS = {"sim": sim_world}
+def local_world(specs: Sequence[JobSpec], policy, *, nodes: int = 2, launch: LaunchModel | None = None,
+                failures: Sequence[NodeFailure] = (), cancellations: Sequence[tuple[str, float]] = (),
+                recovery: RecoveryConfig | None = None, duplicate: bool = False) -> Outcome:
+    """The live engine and the local backend: every job a real process (the built-in sleep job, which
+    speaks the control channel) on emulated nodes, on a virtual clock that moves only when no process
+    is starting, stopping or exiting, so timings are the scenario's to the bit. The launch model's
+    latency is the backend's emulated launch delay; node failures and repairs, arrivals and
+    cancellations are called at their times on the clock."""
+    import shutil
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from loom.service.backends.local import LocalBackend
+    from loom.service.clock import VirtualClock
+    from loom.service.engine import LiveEngine
+
+    topology = clos("conf", minipods=1, nodes=nodes, gpus_per_node=8, gpu_type="A100-80GB", nodes_per_leaf=nodes)
+    for failure in failures:
+        if failure.node not in topology.node_index:
+            raise ValueError(f"unknown node '{failure.node}' in failure list")
+    root = Path(tempfile.mkdtemp(prefix="loom-local-world-"))
+    clock = VirtualClock(file=root / "clock")
+    model = launch or LaunchModel()
+    backend = LocalBackend(topology, root=root / "jobs", clock=clock, launch_delay=model.latency, hang_s=0,
+                           poll_s=0.002)
+    outcome = Outcome(None, None)  # type: ignore[arg-type]
+    engine = LiveEngine(backend, policy, PLACERS.get("first-fit")(), clock=clock, recovery=recovery,
+                        round_interval=None, on_event=outcome.events.append)
+    core = outcome.core = engine.core
+    observe, apply = core.observe, backend.apply
+
+    def observe_twice(event) -> None:
+        observe(event)
+        if isinstance(event, (JobStarted, JobStopped, JobFinished, JobProgress, DecisionDone)):
+            observe(event)  # at-least-once delivery
+
+    def sent(decision: Decision, ticket: int, at: float) -> None:
+        outcome.sent.append((ticket, decision))
+        apply(decision, ticket, at)
+
+    if duplicate:
+        core.observe = observe_twice  # type: ignore[method-assign]
+    backend.apply = sent  # type: ignore[method-assign]
+    ordered = sorted(specs, key=lambda s: s.submit_time)
+    for spec in ordered:
+        engine.add(spec)
+    for job_id, at in cancellations:  # the simulator's order at one instant: the world, then arrivals
+        clock.call_at(at, lambda job_id=job_id: engine.cancel(job_id, "cancelled by its owner"))
+    for failure in failures:
+        clock.call_at(failure.at, lambda name=failure.node: backend.fail_node(name))
+        clock.call_at(failure.at + failure.repair_after, lambda name=failure.node: backend.repair_node(name))
+    for spec in ordered:
+        clock.call_at(spec.submit_time, lambda spec=spec: engine.submit(spec))
+    wall = time.perf_counter()
+    try:
+        engine.run_until(lambda: engine.idle() and not backend.running() and not clock.scheduled, timeout=120)
+    finally:
+        backend.close()
+        shutil.rmtree(root, ignore_errors=True)
+    jobs = list(core.jobs.values())
+    start = ordered[0].submit_time if ordered else 0.0
+    end = max((j.end_time if j.end_time is not None else j.held_since for j in jobs if j.first_start is not None),
+              default=start)
+    outcome.result = SimulationResult(
+        topology=topology, jobs=jobs, record=core.close(), events=len(outcome.events), rounds=engine.rounds,
+        sim_wall_s=time.perf_counter() - wall, busy_gpu_seconds=core.busy_gpu_seconds, failed_gpu_seconds=0.0,
+        start_time=start, end_time=end, rejected=core.rejected, round_seconds=core.round_seconds,
+        round_queue=core.round_queue, recoveries=core.recovery.records if core.recovery is not None else [])
+    return outcome
+
+
+WORLDS = {"sim": sim_world, "local": local_world}
 
 
 @pytest.fixture(params=sorted(WORLDS))

@@ -146,11 +146,11 @@ def nodes_cmd(url: str = URL, token: str = TOKEN, as_json: bool = JSON) -> None:
         return
     table = Table(title=f"inventory generation {data['generation']}: {len(data['nodes'])} node(s)",
                   title_justify="left")
-    for column in ("node", "type", "GPUs", "free", "state", "switches", "jobs"):
+    for column in ("node", "type", "GPUs", "free", "state", "switch", "jobs"):
         table.add_column(column, justify="right" if column in ("GPUs", "free") else "left")
     for node in data["nodes"]:
         table.add_row(node["name"], node["gpu_type"], str(node["gpus"]), str(node["free"]), node["state"],
-                      "/".join(node["switches"]), ", ".join(node["jobs"]))
+                      (node["switches"] or ["–"])[-1], ", ".join(node["jobs"]))
     console.print(table)
 
 
@@ -200,7 +200,40 @@ def tenant_cmd(name: str = typer.Argument(..., metavar="NAME"),
         typer.echo(data["token"])
 
 
+SERVE_HELP = """Run the scheduler service: the REST API (OpenAPI at /docs), the dashboard (/dashboard),
+Prometheus metrics (/metrics) and the scheduling loop, on 127.0.0.1 by default.
+
+\b
+State lives in the store (SQLite in --data-dir, or --db postgresql://...): a restart adopts jobs
+still running and queues the rest again. On a fresh store an admin tenant is made and its token
+written to DATA_DIR/admin.token; make tenants with `loom tenant NAME --token $(cat that file)`.
+"""
+
+
+def serve_cmd(
+    data_dir: Path = typer.Option(Path("loom-data"), "--data-dir", help="The store (SQLite), job files, admin token."),
+    db: str = typer.Option(None, "--db", help="Store URL instead of SQLite in --data-dir (postgresql://user@host:port/db)."),
+    backend: str = typer.Option("local", "--backend", help="local (processes through `loom run` on emulated nodes) "
+                                "or sim (nothing runs; jobs take their durations)."),
+    inventory: Path = typer.Option(None, "--inventory", help="The local backend's inventory file (nodes, GPUs)."),
+    cluster: str = typer.Option(None, "--cluster", help="The sim backend's cluster, as `loom simulate --cluster`."),
+    policy: str = typer.Option("fcfs", "--policy", help="Scheduling policy (`loom policies`)."),
+    placer: str = typer.Option("best-fit", "--placer", help="Placer (`loom policies`)."),
+    round_interval: float = typer.Option(30.0, "--round-interval", help="Seconds between periodic rounds while jobs wait."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8470, "--port"),
+) -> None:
+    from loom.core.protocols import PLACERS, POLICIES
+    from loom.service.runner import ServeOptions, serve
+
+    POLICIES.get(policy), PLACERS.get(placer)  # unknown names: a clear error before anything starts
+    serve(ServeOptions(data_dir=data_dir, db=db, backend=backend, inventory=inventory, cluster=cluster, policy=policy,
+                       placer=placer, round_interval=round_interval, host=host, port=port),
+          announce=lambda text: typer.echo(text, err=True))
+
+
 def register(app: typer.Typer) -> None:
+    app.command("serve", help=SERVE_HELP, rich_help_panel="Service")(user_errors(serve_cmd))
     for name, fn in (("submit", submit_cmd), ("status", status_cmd), ("cancel", cancel_cmd), ("queue", queue_cmd),
                      ("nodes", nodes_cmd), ("explain", explain_cmd), ("events", events_cmd),
                      ("tenant", tenant_cmd)):

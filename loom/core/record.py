@@ -93,6 +93,21 @@ class TransitionLog:
         ats, codes = self.columns()
         return (self._decode(a, c) for a, c in zip(ats.tolist(), codes.tolist()))
 
+    def since(self, start: int) -> list[Transition]:
+        """The transitions from number `start` on, in order: what a live world has not yet passed
+        on (to its store) since it last looked. Decodes only those, not the whole log."""
+        out: list[Transition] = []
+        offset = 0
+        for ats, codes in self._chunks:
+            end = offset + len(ats)
+            if end > start:
+                first = max(0, start - offset)
+                out.extend(self._decode(a, c) for a, c in zip(ats[first:].tolist(), codes[first:].tolist()))
+            offset = end
+        first = max(0, start - offset)
+        out.extend(self._decode(a, c) for a, c in zip(self._at[first:], self._code[first:]))
+        return out
+
     def of_job(self, key: int) -> list[Transition]:
         ats, codes = self.columns()
         rows = np.flatnonzero((codes >> 32) == key)

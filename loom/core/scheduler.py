@@ -55,7 +55,7 @@ from loom.core.lifecycle import TERMINAL, TRANSITIONS, IllegalTransition, JobSta
 from loom.core.protocols import Placer, Policy
 from loom.core.record import NodeEventRecord, RunRecord
 from loom.errors import LoomInputError
-from loom.hardware.state import NO_RESERVATION, ClusterState
+from loom.hardware.state import NO_RESERVATION, Allocation, ClusterState
 from loom.workload.job import JobSpec
 
 S = JobState
@@ -189,6 +189,35 @@ class Scheduler:
         job.since = at
         self.ctx.pending[job.job_id] = job
         return True
+
+    def adopt(self, job: Job, allocation: Allocation, at: float, *, progress: float | None = None,
+              rate: float | None = None, first_start: float | None = None) -> None:
+        """Take over a job the backend is already running on `allocation` (a live service restarted
+        while its jobs kept running): it becomes RUNNING there with no start decision, so it is
+        never launched twice. For a job that is waiting (PENDING, SUSPENDED, or ANNOUNCED: a job
+        re-added after the restart); its GPUs must be free (else `AllocationError`, a reconciliation
+        bug). Recorded as two transitions (through STARTING, the lifecycle's only way to RUNNING)
+        whose event says it was adopted. `first_start`: when it first started, if known (else `at`)."""
+        if job.state not in (PENDING, SUSPENDED, ANNOUNCED):
+            raise DecisionError(f"cannot adopt job '{job.job_id}': it is {job.state.name}, "
+                                "expected PENDING/SUSPENDED/ANNOUNCED")
+        ctx = self.ctx
+        ctx.state.allocate(allocation)
+        ctx.pending.pop(job.job_id, None)
+        ctx.announced.pop(job.job_id, None)
+        if job.state is ANNOUNCED:
+            self._to(job, PENDING, "submitted", at)
+        self._to(job, STARTING, "adopted: found running", at)
+        self._to(job, RUNNING, "adopted", at)
+        job.allocation, job.held_since, job.last_start, job.since = allocation, at, at, at
+        if job.first_start is None:
+            job.first_start = first_start if first_start is not None else at
+        if rate is not None:  # as for JobStarted: the rate and progress the backend knows
+            job.rate = rate
+        if progress is not None:
+            job.progress = progress
+        ctx.running[job.job_id] = job
+        ctx.releases.add(job.key, ctx.expected_end(job), allocation.total)
 
     def reject(self, job: Job, reason: str, at: float) -> None:
         self.ctx.announced.pop(job.job_id, None)

@@ -21,6 +21,7 @@ import yaml
 from loom.errors import LoomInputError
 
 DEFAULT_URL = "http://127.0.0.1:8470"
+PAGE = 1000
 
 
 class ServiceError(LoomInputError):
@@ -92,10 +93,17 @@ class Client:
         return self.request("POST", f"/v1/jobs/{job_id}/cancel")
 
     def jobs(self, *, all: bool = False, states: list[str] | None = None) -> list[dict[str, Any]]:
-        params: dict[str, Any] = {"all": str(all).lower()}
+        """Every job asked for (fetched a page at a time)."""
+        params: dict[str, Any] = {"all": str(all).lower(), "limit": PAGE}
         if states:
             params["state"] = states
-        return self.request("GET", "/v1/jobs", params=params)["jobs"]
+        out: list[dict[str, Any]] = []
+        while True:
+            page = self.request("GET", "/v1/jobs", params=params)["jobs"]
+            out.extend(page)
+            if len(page) < PAGE:
+                return out
+            params["after"] = page[-1]["job_id"]
 
     def nodes(self) -> dict[str, Any]:
         return self.request("GET", "/v1/nodes")

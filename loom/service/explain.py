@@ -32,7 +32,7 @@ def _summary(store: Any, row: Any, decisions: list[DecisionView], transitions: l
         return _waiting(store, row, last)
     if transitions:
         end = transitions[-1]
-        return f"{state.lower()} at {end.at:.0f} ({end.event})"
+        return f"{state.lower()} at {_when(end.at)} ({end.event})"
     return state.lower()
 
 
@@ -78,3 +78,9 @@ def node_views(store: Any) -> NodeList:
                       switches=list(n.get("path") or ()), jobs=jobs[n["name"]])
              for n in nodes]
     return NodeList(generation=generation, nodes=views)
+
+
+def _when(at: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

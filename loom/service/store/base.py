@@ -34,6 +34,11 @@ class StoreBase:
         self._local = threading.local()
         self._closed = False
         self._known_tenants: set[str] = set()
+        # one writer at a time within this process: threads queue on a lock instead of on the
+        # database's (SQLite's busy handler sleeps with a growing back-off, up to 100 ms a try:
+        # 32 API threads polling it measured ~60 submissions/s with a 6 s p99; queued here, the
+        # database lock is only ever contended by another process)
+        self._writer = threading.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
@@ -69,7 +74,7 @@ class StoreBase:
             yield conn
             return
         self._check_open()
-        with self.engine.connect() as conn:
+        with self._writer, self.engine.connect() as conn:
             conn.execution_options(**{WRITE_OPTION: True})
             with conn.begin():
                 lock_for_write(conn)

@@ -1,0 +1,88 @@
+"""The engine's hooks, writing to the store: every job decision before it is carried out
+(write-ahead), every answer, every lifecycle transition with the job's allocation, reservations;
+and the service's metrics as they happen.
+
+Tickets: the core numbers its decisions from 0 in each process; the store keeps every ticket a
+service ever issued, so this process's tickets are offset past the largest one stored."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from loom.core.decisions import Decision, Release, Reserve, Timer
+from loom.core.lifecycle import JobState
+from loom.core.record import Transition
+
+HOLDS_GPUS = frozenset({JobState.STARTING, JobState.RUNNING, JobState.STOPPING})
+
+
+class StoreRecorder:
+    def __init__(self, store: Any, metrics: Any, node_names: list[str]) -> None:
+        self.store, self.metrics, self.names = store, metrics, node_names
+        self.offset = store.max_ticket() + 1
+        self.engine: Any = None  # set once the engine exists (the hooks read its core's jobs)
+
+    def ticket(self, core_ticket: int) -> int:
+        return self.offset + core_ticket
+
+    def allocation(self, alloc: Any) -> dict[str, Any] | None:
+        if alloc is None:
+            return None
+        return {"nodes": [self.names[n] for n in alloc.nodes], "gpus": [int(g) for g in alloc.gpus]}
+
+    # ------------------------------------------------------------------ hooks (engine thread)
+    def on_decision(self, decision: Decision, ticket: int | None, at: float) -> None:
+        kind = type(decision).__name__.lower()
+        self.metrics.decision(kind)
+        if ticket is None:
+            self._bookkeeping(decision, at)
+            return
+        payload: dict[str, Any] = {}
+        alloc = getattr(decision, "allocation", None)
+        if alloc is not None:
+            payload["allocation"] = self.allocation(alloc)
+        plan = getattr(decision, "plan", None)
+        if plan is not None:
+            payload["plan"] = _plan(plan)
+        self.store.record_decision(self.ticket(ticket), kind, getattr(decision, "job_id", None), payload,
+                                   decision.reason, at)
+
+    def _bookkeeping(self, decision: Decision, at: float) -> None:
+        if isinstance(decision, Reserve):
+            self.store.record_reservation(decision.reservation_id, [self.names[n] for n in decision.nodes],
+                                          decision.until, decision.for_job, decision.reason, at)
+        elif isinstance(decision, Release):
+            self.store.release_reservation(decision.reservation_id, at, decision.reason)
+        elif not isinstance(decision, Timer):
+            raise TypeError(f"unexpected decision without a ticket: {decision!r}")
+
+    def on_answer(self, ticket: int, status: str, at: float, reason: str | None) -> None:
+        self.metrics.answer(status)
+        self.store.answer_decision(self.ticket(ticket), status, reason, at)
+
+    def on_transition(self, t: Transition) -> None:
+        self.metrics.transition(t.old.name, t.new.name)
+        job = self.engine.core.jobs.get(t.job_id) if self.engine is not None else None
+        with self.store.transaction():
+            self.store.record_transition(t.job_id, t.old.name, t.new.name, t.at, t.event)
+            if t.new in HOLDS_GPUS and job is not None:
+                self.store.set_allocation(t.job_id, self.allocation(job.allocation), _plan(job.plan))
+            elif t.old in HOLDS_GPUS and t.new not in HOLDS_GPUS:
+                self.store.set_allocation(t.job_id, None, None)
+
+    def on_round(self, at: float, decisions: list[Decision], seconds: float, queue: int) -> None:
+        self.metrics.round_seconds(seconds)
+
+    def hooks(self) -> dict[str, Any]:
+        return {"on_decision": self.on_decision, "on_answer": self.on_answer,
+                "on_transition": self.on_transition, "on_round": self.on_round}
+
+
+def _plan(plan: Any) -> dict[str, Any] | None:
+    if plan is None:
+        return None
+    try:
+        return {k: v for k, v in asdict(plan).items() if isinstance(v, (int, float, str, bool)) or v is None}
+    except TypeError:
+        return {"dp": getattr(plan, "dp", None), "tp": getattr(plan, "tp", None), "pp": getattr(plan, "pp", None)}

@@ -1,0 +1,94 @@
+"""Start and stop a real `loom serve` process (tests, benchmarks): a free port on 127.0.0.1, wait until it
+answers, stop it by PID (SIGTERM, or SIGKILL for crash tests), and kill whatever job processes it
+left behind under its data directory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen
+    url: str
+    data_dir: Path
+    log: Path
+
+    @property
+    def token(self) -> str:
+        return (self.data_dir / "admin.token").read_text().strip()
+
+    def client(self):
+        from loom.service.client import Client, Target
+
+        return Client(Target(self.url, self.token))
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+        self.proc.wait(timeout=60)
+
+
+def start(data_dir: Path, *args: str, port: int | None = None, timeout: float = 60.0) -> Served:
+    port = port or free_port()
+    log = data_dir.parent / f"{data_dir.name}-serve-{port}.log"
+    out = open(log, "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "loom.cli.main", "serve", "--data-dir", str(data_dir),
+                             "--port", str(port), *args], stdout=out, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL)
+    out.close()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"loom serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1.0).status_code == 200:
+                return Served(proc, url, data_dir, log)
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"loom serve did not answer within {timeout:g} s:\n{log.read_text()[-3000:]}")
+        time.sleep(0.1)
+
+
+def processes_under(path: Path) -> list[int]:
+    """PIDs whose working directory is inside `path` (the jobs a service started there)."""
+    root = str(path.resolve())
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except OSError:
+            continue
+        if cwd == root or cwd.startswith(root + "/"):
+            found.append(int(entry))
+    return found
+
+
+def kill_under(path: Path) -> list[int]:
+    pids = processes_under(path)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return pids

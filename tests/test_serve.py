@@ -1,0 +1,89 @@
+"""`loom serve` as an operator runs it: a real process on 127.0.0.1 with the local backend (sleep-style
+jobs as real processes on emulated nodes), driven through the API client; stopped by PID."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from loom.service.testing import kill_under, start
+
+INVENTORY = "nodes: 4\ngpus_per_node: 2\nnodes_per_leaf: 2\npoll_s: 0.05\n"
+
+
+@pytest.fixture
+def served(tmp_path):
+    (tmp_path / "inv.yaml").write_text(INVENTORY)
+    data = tmp_path / "data"
+    procs = []
+
+    def launch(*extra: str):
+        s = start(data, "--inventory", str(tmp_path / "inv.yaml"), "--round-interval", "1", *extra)
+        procs.append(s)
+        return s
+
+    yield launch
+    for s in procs:
+        if s.proc.poll() is None:
+            s.kill(signal.SIGTERM)
+    kill_under(data)
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not met within {timeout:g} s")
+
+
+def states(client) -> dict[str, str]:
+    return {j["job_id"]: j["state"] for j in client.jobs(all=True)}
+
+
+def test_jobs_submitted_to_the_service_run_on_the_emulated_nodes_and_finish(served) -> None:
+    s = served()
+    with s.client() as c:
+        c.submit({"job_id": "a", "gpus": 2, "duration": 1.0})
+        c.submit({"job_id": "b", "gpus": 8, "duration": 1.0, "job_class": "eval"})  # waits for a
+        wait_for(lambda: states(c).get("a") == "RUNNING", what="a running")
+        running = c.status("a")
+        assert sum(running["allocation"]["gpus"]) == 2
+        wait_for(lambda: states(c) == {"a": "FINISHED", "b": "FINISHED"}, what="both finished")
+        b = c.explain("b")
+        assert [d["kind"] for d in b["decisions"]] == ["start"] and b["decisions"][0]["status"] == "done"
+        events = [e["kind"] for e in c.events()]
+        assert events.count("submitted") == 2 and "decision" in events and "answer" in events
+
+
+def test_a_cancel_stops_a_running_job_and_frees_its_gpus(served) -> None:
+    s = served()
+    with s.client() as c:
+        c.submit({"job_id": "long", "gpus": 8, "duration": 600.0})
+        wait_for(lambda: states(c).get("long") == "RUNNING", what="running")
+        c.cancel("long")
+        wait_for(lambda: states(c).get("long") == "CANCELLED", what="cancelled")
+        assert all(n["free"] == n["gpus"] for n in c.nodes()["nodes"])
+        c.submit({"job_id": "next", "gpus": 8, "duration": 0.5})
+        wait_for(lambda: states(c).get("next") == "FINISHED", what="the next job ran")
+
+
+def test_after_kill_9_the_restarted_service_adopts_running_jobs_and_loses_nothing(served, tmp_path) -> None:
+    s = served()
+    with s.client() as c:
+        c.submit({"job_id": "runs-through", "gpus": 4, "duration": 8.0})
+        wait_for(lambda: states(c).get("runs-through") == "RUNNING", what="running")
+        c.submit({"job_id": "queued", "gpus": 8, "duration": 0.5})
+    s.kill(signal.SIGKILL)  # no shutdown: the job's processes keep running
+    s2 = served()
+    with s2.client() as c:
+        assert states(c)["runs-through"] == "RUNNING"
+        wait_for(lambda: states(c) == {"runs-through": "FINISHED", "queued": "FINISHED"}, timeout=90,
+                 what="both finished after the restart")
+        starts = [d for d in c.explain("runs-through")["decisions"] if d["kind"] == "start"]
+        assert len(starts) == 1, "the running job was launched again after the restart"
+        assert "adopted" in " ".join(t["event"] for t in c.explain("runs-through")["transitions"])
