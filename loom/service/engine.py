@@ -34,6 +34,7 @@ survives it):
 * `on_transition(transition)` — a lifecycle transition (`loom.core.record.Transition`).
 * `on_event(event)` — every backend event, before the core applies it.
 * `on_round(at, decisions, seconds, queue)` — a policy round ran (decision latency).
+* `after_step()` — a turn of the loop ended (a store may commit what it grouped).
 * `intake(engine)` — at the start of a turn after `wake()` (and at least every `round_interval`):
   take new submissions and cancels from the store and pass them to `submit`/`cancel`.
 
@@ -110,7 +111,8 @@ class LiveEngine:
                  on_transition: Callable[[Transition], None] | None = None,
                  on_event: Callable[[Event], None] | None = None,
                  on_round: Callable[[float, list[Decision], float, int], None] | None = None,
-                 intake: Callable[[LiveEngine], None] | None = None) -> None:
+                 intake: Callable[[LiveEngine], None] | None = None,
+                 after_step: Callable[[], None] | None = None) -> None:
         self.clock: Clock = clock if clock is not None else WallClock()
         self.backend = backend
         self.policy = POLICIES.get(policy)() if isinstance(policy, str) else policy
@@ -119,6 +121,7 @@ class LiveEngine:
         self.on_decision, self.on_answer, self.on_transition = on_decision, on_answer, on_transition
         self.on_event, self.on_round = on_event, on_round
         self.intake = intake
+        self.after_step = after_step
         self._intake_due = True
         self._last_intake = float("-inf")
         self.lock = threading.RLock()  # held while the core is touched; readers may take it too
@@ -296,6 +299,8 @@ class LiveEngine:
         if self._dirty:
             self._rounds(now)
         self._publish()
+        if self.after_step is not None:
+            self.after_step()
 
     # ------------------------------------------------------------------ the inbox
     def _drain(self, now: float) -> None:

@@ -2,6 +2,12 @@
 (write-ahead), every answer, every lifecycle transition with the job's allocation, reservations;
 and the service's metrics as they happen.
 
+Group commit: answers and transitions are kept in memory and written, in order, in one
+transaction with the next job decision (which must be durable before the backend acts) or at the
+end of the engine's turn (`after_step`), whichever comes first. A crash can lose the last turn's
+answers and transitions, never a decision or a submission; the restart's reconciliation rebuilds
+them from what the backend runs (`loom.service.reconcile`).
+
 Tickets: the core numbers its decisions from 0 in each process; the store keeps every ticket a
 service ever issued, so this process's tickets are offset past the largest one stored."""
 
@@ -22,6 +28,7 @@ class StoreRecorder:
         self.store, self.metrics, self.names = store, metrics, node_names
         self.offset = store.max_ticket() + 1
         self.engine: Any = None  # set once the engine exists (the hooks read its core's jobs)
+        self._pending: list[tuple[Any, ...]] = []  # (method, args) to write at the next commit
 
     def ticket(self, core_ticket: int) -> int:
         return self.offset + core_ticket
@@ -45,8 +52,10 @@ class StoreRecorder:
         plan = getattr(decision, "plan", None)
         if plan is not None:
             payload["plan"] = _plan(plan)
-        self.store.record_decision(self.ticket(ticket), kind, getattr(decision, "job_id", None), payload,
-                                   decision.reason, at)
+        with self.store.transaction():
+            self._write_pending()
+            self.store.record_decision(self.ticket(ticket), kind, getattr(decision, "job_id", None), payload,
+                                       decision.reason, at)
 
     def _bookkeeping(self, decision: Decision, at: float) -> None:
         if isinstance(decision, Reserve):
@@ -59,24 +68,34 @@ class StoreRecorder:
 
     def on_answer(self, ticket: int, status: str, at: float, reason: str | None) -> None:
         self.metrics.answer(status)
-        self.store.answer_decision(self.ticket(ticket), status, reason, at)
+        self._pending.append((self.store.answer_decision, self.ticket(ticket), status, reason, at))
 
     def on_transition(self, t: Transition) -> None:
         self.metrics.transition(t.old.name, t.new.name)
         job = self.engine.core.jobs.get(t.job_id) if self.engine is not None else None
-        with self.store.transaction():
-            self.store.record_transition(t.job_id, t.old.name, t.new.name, t.at, t.event)
-            if t.new in HOLDS_GPUS and job is not None:
-                self.store.set_allocation(t.job_id, self.allocation(job.allocation), _plan(job.plan))
-            elif t.old in HOLDS_GPUS and t.new not in HOLDS_GPUS:
-                self.store.set_allocation(t.job_id, None, None)
+        self._pending.append((self.store.record_transition, t.job_id, t.old.name, t.new.name, t.at, t.event))
+        if t.new in HOLDS_GPUS and job is not None:  # the allocation as it is now, read at once
+            self._pending.append((self.store.set_allocation, t.job_id, self.allocation(job.allocation),
+                                  _plan(job.plan)))
+        elif t.old in HOLDS_GPUS and t.new not in HOLDS_GPUS:
+            self._pending.append((self.store.set_allocation, t.job_id, None, None))
+
+    def after_step(self) -> None:
+        if self._pending:
+            with self.store.transaction():
+                self._write_pending()
+
+    def _write_pending(self) -> None:
+        pending, self._pending = self._pending, []
+        for write, *args in pending:
+            write(*args)
 
     def on_round(self, at: float, decisions: list[Decision], seconds: float, queue: int) -> None:
         self.metrics.round_seconds(seconds)
 
     def hooks(self) -> dict[str, Any]:
         return {"on_decision": self.on_decision, "on_answer": self.on_answer,
-                "on_transition": self.on_transition, "on_round": self.on_round}
+                "on_transition": self.on_transition, "on_round": self.on_round, "after_step": self.after_step}
 
 
 def _plan(plan: Any) -> dict[str, Any] | None:

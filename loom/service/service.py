@@ -18,5 +18,8 @@ class Service:
     def wake(self) -> None:
         """Something was written for the engine (a submission, a cancel): let it look now, not at
         its next periodic turn."""
-        if self.engine is not None:
+        feeder = getattr(self, "feeder", None)
+        if feeder is not None:
+            feeder.wake()  # it reads the store and hands the engine what is new
+        elif self.engine is not None:
             self.engine.wake()

@@ -34,6 +34,7 @@ class StoreBase:
         self._local = threading.local()
         self._closed = False
         self._known_tenants: set[str] = set()
+        self._job_tenants: dict[str, str] = {}
         # one writer at a time within this process: threads queue on a lock instead of on the
         # database's (SQLite's busy handler sleeps with a growing back-off, up to 100 ms a try:
         # 32 API threads polling it measured ~60 submissions/s with a 6 s p99; queued here, the
@@ -104,9 +105,18 @@ class StoreBase:
         conn.execute(events.insert().values(at=at, kind=kind, job_id=job_id, tenant=tenant, data=data))
 
     def _tenant_of(self, conn: Connection, job_id: str | None) -> str | None:
+        """A job's tenant (it never changes, so it is remembered: every event of the job names it)."""
         if job_id is None:
             return None
-        return conn.execute(sa.select(jobs.c.tenant).where(jobs.c.job_id == job_id)).scalar_one_or_none()
+        known = self._job_tenants.get(job_id)
+        if known is not None:
+            return known
+        tenant = conn.execute(sa.select(jobs.c.tenant).where(jobs.c.job_id == job_id)).scalar_one_or_none()
+        if tenant is not None:
+            if len(self._job_tenants) > 1_000_000:
+                self._job_tenants.clear()
+            self._job_tenants[job_id] = tenant
+        return tenant
 
     def events_after(self, seq: int, *, tenant: str | None = None, limit: int = 500) -> list[EventRow]:
         """Events with a seq above `seq`, oldest first: a server-sent stream's next page
