@@ -234,10 +234,9 @@ def _double_starts_and_bindings(c, ids: set[str]) -> tuple[list[str], int]:
     for job_id in sorted(ids):
         data = c.explain(job_id)
         starts = [d for d in data["decisions"] if d["kind"] in ("start", "resume") and d["status"] == "done"]
-        running = [t for t in data["transitions"] if t["new"] == "RUNNING"]
         ends = [t for t in data["transitions"] if t["old"] in ("RUNNING", "STOPPING") and t["new"] not in
                 ("RUNNING", "STOPPING")]
-        if len(running) > len(ends) + 1 or (len(starts) > 1 and len(ends) < len(starts) - 1):
+        if _ran_twice(starts, data["transitions"]):
             twice.append(job_id)
         for d, t_end in zip(starts, ends):
             alloc = d["payload"].get("allocation") or {}
@@ -253,6 +252,23 @@ def _double_starts_and_bindings(c, ids: set[str]) -> tuple[list[str], int]:
                     used[n] = used.get(n, 0) + g
         double += sum(max(0, g - capacity.get(n, 0)) for n, g in used.items())
     return twice, double
+
+
+def _ran_twice(starts: list[dict], transitions: list[dict]) -> bool:
+    """Did the job enter RUNNING while it was running (other than being adopted, still running, by a
+    restarted service), or have two starts carried out with no end of a run between them?"""
+    running = False
+    for t in sorted(transitions, key=lambda t: t["at"]):
+        if t["new"] == "RUNNING":
+            if running and t["old"] != "RUNNING" and "adopted" not in t.get("event", ""):
+                return True
+            running = True
+        elif t["old"] in ("RUNNING", "STOPPING") and t["new"] not in ("RUNNING", "STOPPING"):
+            running = False
+    ends = sorted(t["at"] for t in transitions if t["old"] in ("RUNNING", "STOPPING")
+                  and t["new"] not in ("RUNNING", "STOPPING"))
+    times = sorted(d["at"] for d in starts)
+    return any(not any(a <= e <= b for e in ends) for a, b in zip(times, times[1:]))
 
 
 # ------------------------------------------------------------------------------ output
