@@ -72,14 +72,22 @@ def test_a_cancel_stops_a_running_job_and_frees_its_gpus(served) -> None:
         wait_for(lambda: states(c).get("next") == "FINISHED", what="the next job ran")
 
 
-def test_after_kill_9_the_restarted_service_adopts_running_jobs_and_loses_nothing(served, tmp_path) -> None:
-    s = served()
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_args(request) -> list[str]:
+    """The store `loom serve` uses: SQLite in its data directory, or a real PostgreSQL server."""
+    if request.param == "sqlite":
+        return []
+    return ["--db", request.getfixturevalue("postgres_server").create_database()]
+
+
+def test_after_kill_9_the_restarted_service_adopts_running_jobs_and_loses_nothing(served, store_args) -> None:
+    s = served(*store_args)
     with s.client() as c:
         c.submit({"job_id": "runs-through", "gpus": 4, "duration": 8.0})
         wait_for(lambda: states(c).get("runs-through") == "RUNNING", what="running")
         c.submit({"job_id": "queued", "gpus": 8, "duration": 0.5})
     s.kill(signal.SIGKILL)  # no shutdown: the job's processes keep running
-    s2 = served()
+    s2 = served(*store_args)
     with s2.client() as c:
         assert states(c)["runs-through"] == "RUNNING"
         wait_for(lambda: states(c) == {"runs-through": "FINISHED", "queued": "FINISHED"}, timeout=90,
