@@ -430,6 +430,29 @@ def test_submissions_after_is_the_engines_intake(two):
     assert two.submissions_after(0, limit=2) == rows[:2]
 
 
+def test_transitions_in_a_batch_are_what_one_at_a_time_writes(two):
+    for job in ("a1", "a2"):
+        two.submit("alice", {"job_id": job, "gpus": 1})
+    two.submit("bob", {"job_id": "b1", "gpus": 1})
+    rows = [("a1", "SUBMITTED", "PENDING", 1.0, "fed"), ("b1", "SUBMITTED", "PENDING", 1.0, "fed"),
+            ("a1", "PENDING", "STARTING", 2.0, "start decision"), ("a1", "STARTING", "RUNNING", 3.0, "JobStarted")]
+    after = two.last_event_seq()
+    two.record_transitions(rows)
+    assert two.job("a1").state == "RUNNING" and two.job("a1").updated_at == 3.0
+    assert two.job("b1").state == "PENDING" and two.job("a2").state == "SUBMITTED"
+    assert [(t.old, t.new, t.at, t.event) for t in two.transitions_of("a1")] == [r[1:] for r in rows if r[0] == "a1"]
+    events = two.events_after(after)
+    assert [(e.kind, e.job_id, e.tenant, e.data["new"]) for e in events] == [
+        ("transition", j, "bob" if j == "b1" else "alice", new) for j, _, new, _, _ in rows]
+    assert [e.job_id for e in two.events_after(after, tenant="bob")] == ["b1"]
+    with pytest.raises(StoreError, match="ghost"):
+        two.record_transitions([("a2", "SUBMITTED", "PENDING", 4.0, "fed"), ("ghost", "PENDING", "STARTING", 4.0, "x")])
+    assert two.job("a2").state == "SUBMITTED"  # all or nothing
+    with raises_field("new"):
+        two.record_transitions([("a2", "SUBMITTED", "PENDNG", 4.0, "fed")])
+    two.record_transitions([])
+
+
 def test_transitions_and_allocations(two):
     two.submit("alice", {"job_id": "a1", "gpus": 8})
     two.record_transition("a1", "SUBMITTED", "PENDING", 10.0, "submitted")

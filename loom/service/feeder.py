@@ -36,9 +36,8 @@ class StoreFeeder:
             # recorded first, in one commit: after a crash before the engine has them, the restart
             # finds them PENDING and queues them
             now = self.clock()
-            with self.store.transaction():
-                for row in rows:
-                    self.store.record_transition(row.job_id, "SUBMITTED", "PENDING", now, "taken up by the scheduler")
+            self.store.record_transitions([(row.job_id, "SUBMITTED", "PENDING", now, "taken up by the scheduler")
+                                           for row in rows])
             for row in rows:
                 self.engine.submit(job_spec(row), launch=launch_spec(row))
         if fetched:

@@ -29,6 +29,7 @@ class StoreRecorder:
         self.offset = store.max_ticket() + 1
         self.engine: Any = None  # set once the engine exists (the hooks read its core's jobs)
         self._pending: list[tuple[Any, ...]] = []  # (method, args) to write at the next commit
+        self._written: dict[str, tuple[Any, Any]] = {}  # job → the allocation and plan last written
 
     def ticket(self, core_ticket: int) -> int:
         return self.offset + core_ticket
@@ -68,17 +69,27 @@ class StoreRecorder:
 
     def on_answer(self, ticket: int, status: str, at: float, reason: str | None) -> None:
         self.metrics.answer(status)
-        self._pending.append((self.store.answer_decision, self.ticket(ticket), status, reason, at))
+        if status != "accepted":  # "accepted" is transient: a restart treats issued and accepted alike
+            self._pending.append((self.store.answer_decision, self.ticket(ticket), status, reason, at))
 
     def on_transition(self, t: Transition) -> None:
         self.metrics.transition(t.old.name, t.new.name)
         job = self.engine.core.jobs.get(t.job_id) if self.engine is not None else None
         self._pending.append((self.store.record_transition, t.job_id, t.old.name, t.new.name, t.at, t.event))
         if t.new in HOLDS_GPUS and job is not None:  # the allocation as it is now, read at once
-            self._pending.append((self.store.set_allocation, t.job_id, self.allocation(job.allocation),
-                                  _plan(job.plan)))
+            self._allocation(t.job_id, self.allocation(job.allocation), _plan(job.plan))
         elif t.old in HOLDS_GPUS and t.new not in HOLDS_GPUS:
-            self._pending.append((self.store.set_allocation, t.job_id, None, None))
+            self._allocation(t.job_id, None, None)
+
+    def _allocation(self, job_id: str, allocation: dict[str, Any] | None, plan: dict[str, Any] | None) -> None:
+        """Write a job's allocation when it changed (STARTING → RUNNING keeps it)."""
+        if self._written.get(job_id) == (allocation, plan):
+            return
+        if allocation is None:
+            self._written.pop(job_id, None)
+        else:
+            self._written[job_id] = (allocation, plan)
+        self._pending.append((self.store.set_allocation, job_id, allocation, plan))
 
     def after_step(self) -> None:
         if self._pending:
@@ -86,9 +97,19 @@ class StoreRecorder:
                 self._write_pending()
 
     def _write_pending(self) -> None:
+        """Everything kept back, in order; runs of transitions as one batch."""
         pending, self._pending = self._pending, []
+        batch: list[tuple[Any, ...]] = []
         for write, *args in pending:
+            if write == self.store.record_transition:
+                batch.append(tuple(args))
+                continue
+            if batch:
+                self.store.record_transitions(batch)
+                batch = []
             write(*args)
+        if batch:
+            self.store.record_transitions(batch)
 
     def on_round(self, at: float, decisions: list[Decision], seconds: float, queue: int) -> None:
         self.metrics.round_seconds(seconds)

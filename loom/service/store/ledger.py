@@ -10,6 +10,7 @@ lifecycle and has checked every transition before it gets here.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -24,7 +25,7 @@ from loom.service.store.rows import (
     DecisionRow,
     TransitionRow,
 )
-from loom.service.store.schema import decisions, jobs, transitions
+from loom.service.store.schema import decisions, events, jobs, transitions
 
 # which answers may follow which: a repeated answer is a no-op, a contradiction a bug
 _NEXT = {"issued": {"accepted", "done", "failed"}, "accepted": {"done", "failed"}, "done": set(), "failed": set()}
@@ -48,6 +49,27 @@ class LedgerMixin(JobsMixin):
             c.execute(jobs.update().where(jobs.c.job_id == job_id).values(state=new, updated_at=at))
             self._emit(c, at, "transition", job_id, tenant, {"old": old, "new": new, "event": str(event)})
 
+    def record_transitions(self, rows: Sequence[tuple[str, str, str, float, str]]) -> None:
+        """Many transitions (job_id, old, new, at, event) in order, as `record_transition` each, in a
+        few statements (the feeder and the engine's group commit write them by the hundred)."""
+        if not rows:
+            return
+        checked = [(job_id, check.job_state(old, "old"), check.job_state(new, "new"), check.time_s(at), str(event))
+                   for job_id, old, new, at, event in rows]
+        with self._write() as c:
+            tenants = {job_id: self._tenant_of(c, job_id) for job_id, *_ in checked}
+            missing = [job_id for job_id, tenant in tenants.items() if tenant is None]
+            if missing:
+                raise StoreError(f"transitions of jobs the store does not have: {', '.join(missing[:5])}")
+            c.execute(transitions.insert(), [{"job_id": j, "old": o, "new": n, "at": a, "event": e}
+                                             for j, o, n, a, e in checked])
+            final = {j: (n, a) for j, _, n, a, _ in checked}  # the last transition of each job sets its state
+            c.execute(jobs.update().where(jobs.c.job_id == sa.bindparam("jid")).values(
+                state=sa.bindparam("st"), updated_at=sa.bindparam("up")),
+                [{"jid": j, "st": n, "up": a} for j, (n, a) in final.items()])
+            c.execute(events.insert(), [{"at": a, "kind": "transition", "job_id": j, "tenant": tenants[j],
+                                         "data": {"old": o, "new": n, "event": e}} for j, o, n, a, e in checked])
+
     def set_allocation(self, job_id: str, allocation: dict[str, Any] | None, plan: dict[str, Any] | None) -> None:
         """Where a job runs ({"nodes": [names], "gpus": [counts]}) and its parallel plan; None
         when it holds nothing (a restart rebinds GPUs from this)."""
@@ -68,10 +90,12 @@ class LedgerMixin(JobsMixin):
         payload = check.json_object(payload, "payload")
         at = check.time_s(at)
         with self._write() as c:
-            if c.execute(sa.select(decisions.c.ticket).where(decisions.c.ticket == ticket)).first():
-                raise StoreError(f"decision ticket {ticket} is already recorded (tickets must be unique)")
-            c.execute(decisions.insert().values(ticket=ticket, kind=kind, job_id=job_id, payload=payload,
-                                                reason=str(reason), status="issued", issued_at=at))
+            try:  # the ticket is the primary key: a repeat fails here (no lookup before every insert; the
+                # failed insert aborts the transaction, which is rolled back: a repeated ticket is a bug)
+                c.execute(decisions.insert().values(ticket=ticket, kind=kind, job_id=job_id, payload=payload,
+                                                    reason=str(reason), status="issued", issued_at=at))
+            except sa.exc.IntegrityError:
+                raise StoreError(f"decision ticket {ticket} is already recorded (tickets must be unique)") from None
             self._emit(c, at, "decision", job_id, self._tenant_of(c, job_id),
                        {"ticket": ticket, "kind": kind, "reason": str(reason), "payload": payload})
 
