@@ -262,3 +262,14 @@ def test_events_posted_after_the_loop_stopped_are_applied_in_the_callers_thread(
     engine = _live([JobSpec("a", 0.0, 8, 10.0)], "fcfs")
     engine.post(DecisionFailed(999, 20.0, "late answer to nothing"))
     assert engine.core.record.stale_events == 1
+
+
+def test_what_one_job_reported_is_applied_in_the_order_it_was_reported():
+    from loom.core.events import JobFailed, JobFinished, JobStarted
+    from loom.service.engine import _in_order
+
+    started, failed = JobStarted("a", 5.0, ticket=3), JobFailed("a", 5.0, "exit status 3", fatal=True)
+    other = JobFinished("b", 5.0)
+    got = [item[1] for item in _in_order([("event", started), ("event", failed), ("event", other)])]
+    assert got.index(started) < got.index(failed)  # a's start before its failure, as reported
+    assert got[0] is other  # across jobs, the simulator's order at an instant: finishes first

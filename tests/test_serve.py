@@ -95,3 +95,41 @@ def test_after_kill_9_the_restarted_service_adopts_running_jobs_and_loses_nothin
         starts = [d for d in c.explain("runs-through")["decisions"] if d["kind"] == "start"]
         assert len(starts) == 1, "the running job was launched again after the restart"
         assert "adopted" in " ".join(t["event"] for t in c.explain("runs-through")["transitions"])
+
+
+def test_an_admin_drains_a_node_and_new_jobs_go_elsewhere(served) -> None:
+    s = served()
+    with s.client() as c:
+        nodes = c.drain("node0")["nodes"]
+        assert {n["name"]: n["state"] for n in nodes}["node0"] == "drained"
+        c.submit({"job_id": "x", "gpus": 6, "duration": 1.0})  # 8 GPUs up, 2 of them drained
+        wait_for(lambda: states(c).get("x") == "FINISHED", what="x finished")
+        assert "node0" not in c.explain("x")["decisions"][0]["payload"]["allocation"]["nodes"]
+        c.submit({"job_id": "y", "gpus": 8, "duration": 0.5})  # needs every node: waits for node0
+        time.sleep(1.5)
+        assert states(c)["y"] == "PENDING"
+        assert "6 free" in c.explain("y")["summary"]
+        c.undrain("node0")
+        wait_for(lambda: states(c).get("y") == "FINISHED", what="y ran once node0 was back")
+    with s.client() as admin:
+        token = admin.create_tenant("alice")["token"]
+    from loom.service.client import Client, ServiceError, Target
+
+    with Client(Target(s.url, token)) as alice, pytest.raises(ServiceError, match="admin"):
+        alice.drain("node1")
+
+
+def test_a_crashing_job_fails_and_is_counted_as_a_backend_error(served, tmp_path) -> None:
+    script = tmp_path / "crash.py"
+    script.write_text("import sys\nprint('about to fail', flush=True)\nsys.exit(3)\n")
+    s = served()
+    with s.client() as c:
+        c.submit({"job_id": "bad", "gpus": 1, "command": [str(script)]})
+        wait_for(lambda: states(c).get("bad") == "FAILED", timeout=90, what="the job failed")
+        transitions = c.explain("bad")["transitions"]
+        assert transitions[-1]["new"] == "FAILED"
+    import httpx
+
+    metrics = httpx.get(f"{s.url}/metrics").text
+    assert 'loom_backend_errors_total{kind="job_failed_fatal"} 1.0' in metrics
+    assert 'loom_job_transitions_total{new="FAILED",old="RUNNING"} 1.0' in metrics

@@ -125,6 +125,16 @@ def create_app(service: Any, *, max_body_bytes: int = 64 * 1024) -> FastAPI:
             raise ApiError(409, exc.message, "name") from None
         return TenantToken(tenant=tenant.name, admin=tenant.admin, token=token)
 
+    @app.post("/v1/nodes/{name}/drain", response_model=NodeList, tags=["admin"])
+    def drain(name: str, who: Who) -> NodeList:
+        """Admin: nothing new is placed on the node; what runs there goes on until it ends."""
+        return _node_operation(service, who, name, "drain_node")
+
+    @app.post("/v1/nodes/{name}/undrain", response_model=NodeList, tags=["admin"])
+    def undrain(name: str, who: Who) -> NodeList:
+        """Admin: a drained node takes new work again."""
+        return _node_operation(service, who, name, "undrain_node")
+
     @app.get("/metrics", tags=["service"], response_class=Response,
              responses={200: {"content": {"text/plain": {}}}})
     def metrics() -> Response:
@@ -135,6 +145,22 @@ def create_app(service: Any, *, max_body_bytes: int = 64 * 1024) -> FastAPI:
 
     dashboard.install(app, service)
     return app
+
+
+def _node_operation(service: Any, who: Caller, name: str, operation: str) -> NodeList:
+    who.require_admin()
+    names = {n.name for n in node_views(service.store).nodes}
+    if name not in names:
+        raise ApiError(404, f"no node '{name[:128]}'", "name")
+    act = getattr(getattr(service, "backend", None), operation, None)
+    if act is None:
+        raise ApiError(409, f"the {service.info.get('backend')} backend cannot {operation.split('_')[0]} nodes", "name")
+    act(name)
+    engine = service.engine
+    if engine is not None:  # the engine has seen the node event (and the store has it) when this returns
+        engine.call(lambda core: None).result(timeout=30)
+        engine.call(lambda core: None).result(timeout=30)
+    return node_views(service.store)
 
 
 def _own_job(service: Any, who: Caller, job_id: str) -> Any:

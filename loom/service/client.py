@@ -108,6 +108,12 @@ class Client:
     def nodes(self) -> dict[str, Any]:
         return self.request("GET", "/v1/nodes")
 
+    def drain(self, node: str) -> dict[str, Any]:
+        return self.request("POST", f"/v1/nodes/{node}/drain")
+
+    def undrain(self, node: str) -> dict[str, Any]:
+        return self.request("POST", f"/v1/nodes/{node}/undrain")
+
     def explain(self, job_id: str) -> dict[str, Any]:
         return self.request("GET", f"/v1/jobs/{job_id}/explain")
 

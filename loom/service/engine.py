@@ -313,7 +313,7 @@ class LiveEngine:
         # the backend's observations first, then the commands (the simulator's order at an instant);
         # observations in time order, and at one instant in the simulator's order of kinds, answers
         # last and by ticket (what the simulator would have seen; backends report from several threads)
-        events = sorted((item for item in items if item[0] == "event"), key=_event_order)
+        events = _in_order([item for item in items if item[0] == "event"])
         for item in events:
             self._observe(item[1])
             item[-1].set_result(None)
@@ -500,6 +500,24 @@ def _event_order(item: tuple[Any, ...]) -> tuple[float, int, int]:
     event = item[1]
     ticket = getattr(event, "ticket", None)
     return (event.at, _RANK.get(type(event), 8), ticket if ticket is not None else 0)
+
+
+def _in_order(items: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Events in the simulator's order at an instant (`_event_order`), except that what one job
+    reported keeps the order it was reported in: a job that came up and died at once is seen to
+    start, then to fail (sorted by kind alone, the failure would come first and the core would
+    take it for a launch that never came up, and launch the job again)."""
+    last: dict[str, tuple[float, int, int]] = {}
+    keyed = []
+    for arrival, item in enumerate(items):
+        key = _event_order(item)
+        job = getattr(item[1], "job_id", None)
+        if job is not None:
+            key = max(key, last.get(job, key))
+            last[job] = key
+        keyed.append((key, arrival, item))
+    keyed.sort(key=lambda k: (k[0], k[1]))
+    return [item for _, _, item in keyed]
 
 
 class _Seam:

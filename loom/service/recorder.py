@@ -17,6 +17,7 @@ from dataclasses import asdict
 from typing import Any
 
 from loom.core.decisions import Decision, Release, Reserve, Timer
+from loom.core.events import DecisionFailed, JobFailed, NodeDown, NodeDrained, NodeUp
 from loom.core.lifecycle import JobState
 from loom.core.record import Transition
 
@@ -111,12 +112,23 @@ class StoreRecorder:
         if batch:
             self.store.record_transitions(batch)
 
+    def on_event(self, event: Any) -> None:
+        """Node state changes go to the store; failures the backend reports count as backend errors."""
+        if isinstance(event, (NodeDown, NodeUp, NodeDrained)):
+            state = {NodeDown: "down", NodeUp: "up", NodeDrained: "drained"}[type(event)]
+            self._pending.append((self.store.set_node_state, self.names[event.node], state, event.at))
+        elif isinstance(event, DecisionFailed):
+            self.metrics.backend_error("decision_failed")
+        elif isinstance(event, JobFailed):
+            self.metrics.backend_error("job_failed_fatal" if event.fatal else "job_failed")
+
     def on_round(self, at: float, decisions: list[Decision], seconds: float, queue: int) -> None:
         self.metrics.round_seconds(seconds)
 
     def hooks(self) -> dict[str, Any]:
         return {"on_decision": self.on_decision, "on_answer": self.on_answer,
-                "on_transition": self.on_transition, "on_round": self.on_round, "after_step": self.after_step}
+                "on_transition": self.on_transition, "on_round": self.on_round, "after_step": self.after_step,
+                "on_event": self.on_event}
 
 
 def _plan(plan: Any) -> dict[str, Any] | None:

@@ -72,6 +72,7 @@ class Runner:
             self.store.close()
             raise
         self.service.engine = self.engine
+        self.service.backend = self.backend
         self.service.topology = topology
         self.feeder = StoreFeeder(self.store, self.engine)
         self.service.feeder = self.feeder

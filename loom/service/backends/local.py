@@ -294,6 +294,16 @@ class LocalBackend(Watching):
             self._emit(NodeDrained(self._node(name), self.clock.now(), cause))
         self._flush()
 
+    def undrain_node(self, name: str) -> None:
+        """An operator puts a drained node back in service (a node that is down stays down)."""
+        with self._lock:
+            node = self._node(name)
+            if node in self._down:
+                return
+            self._emit(NodeUp(node, self.clock.now()))
+        self._flush()
+        self._wakeup.set()
+
     def _node(self, name: str) -> int:
         try:
             return self.topology.node_index[name]
