@@ -230,13 +230,20 @@ def test_cli_commands_speak_the_api(server, tokens, tmp_path, monkeypatch) -> No
     assert r.exit_code == 0, r.output
     second = json.loads(r.output)
     assert second["spec"]["command"] == ["python", "train.py"] and second["spec"]["priority"] == 5
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    r = runner.invoke(app, ["submit", "--gpus", "1", "--json", "--", "train.py", "--steps", "3"])
+    assert r.exit_code == 0, r.output
+    third = json.loads(r.output)  # a script path relative to here is sent absolute: the service runs it elsewhere
+    assert third["spec"]["command"] == [str(tmp_path / "train.py"), "--steps", "3"]
+    runner.invoke(app, ["cancel", third["job_id"]])
     r = runner.invoke(app, ["queue", "--json"])
-    assert [j["job_id"] for j in json.loads(r.output)] == ["cli-1", second["job_id"]]
+    assert [j["job_id"] for j in json.loads(r.output)] == ["cli-1", second["job_id"], third["job_id"]]
     assert "cli-1" in runner.invoke(app, ["status", "cli-1"]).output
     assert "submitted" in runner.invoke(app, ["explain", "cli-1"]).output
     assert runner.invoke(app, ["cancel", "cli-1"]).exit_code == 0
     events = runner.invoke(app, ["events", "--json"]).output.splitlines()
-    assert [json.loads(e)["kind"] for e in events].count("submitted") == 2
+    assert [json.loads(e)["kind"] for e in events].count("submitted") == 3
     # user mistakes: a clear one-line error and exit code 2, no traceback
     r = runner.invoke(app, ["submit", "--gpus", "0", "--duration", "5"])
     assert r.exit_code == 2 and "gpus" in r.output and "Traceback" not in r.output

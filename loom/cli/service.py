@@ -59,8 +59,9 @@ SPEC_FILE = typer.Option(None, "--file", "-f", help="A job spec (YAML or JSON, t
 
 
 def submit_cmd(
-    command: list[str] = typer.Argument(None, metavar="[-- COMMAND...]", help="The training command, run through "
-                                        "`loom run` (omit for a sleep-style job with --duration)."),
+    command: list[str] = typer.Argument(None, metavar="[-- COMMAND...]", help="The training script and its "
+                                        "arguments, run through `loom run` (a script path relative to here is made "
+                                        "absolute); omit for a sleep-style job with --duration."),
     spec_file: Path = SPEC_FILE,
     gpus: int = typer.Option(None, "--gpus", help="GPUs (logical data-parallel ranks)."),
     duration: float = typer.Option(None, "--duration", help="Seconds: a sleep-style job's run time, or a real "
@@ -76,6 +77,8 @@ def submit_cmd(
 ) -> None:
     """Submit a job; prints its id."""
     spec = _spec_file(spec_file) if spec_file else {}
+    if command and not Path(command[0]).is_absolute() and Path(command[0]).is_file():
+        command = [str(Path(command[0]).resolve()), *command[1:]]  # the service runs jobs elsewhere
     given = {"command": command or None, "gpus": gpus, "duration": duration, "job_class": job_class,
              "priority": priority, "gpu_type": gpu_type, "procs": procs, "job_id": job_id}
     spec.update({k: v for k, v in given.items() if v is not None})
