@@ -133,3 +133,21 @@ def test_a_crashing_job_fails_and_is_counted_as_a_backend_error(served, tmp_path
     metrics = httpx.get(f"{s.url}/metrics").text
     assert 'loom_backend_errors_total{kind="job_failed_fatal"} 1.0' in metrics
     assert 'loom_job_transitions_total{new="FAILED",old="RUNNING"} 1.0' in metrics
+
+
+def test_an_admin_pauses_scheduling_and_resumes_it(served) -> None:
+    s = served()
+    with s.client() as c:
+        assert c.policy() == {"policy": "fcfs", "placer": "best-fit", "round_interval": 1.0, "paused": False}
+        assert c.policy(paused=True)["paused"] is True
+        c.submit({"job_id": "held", "gpus": 1, "duration": 0.5})
+        time.sleep(2.0)
+        assert states(c)["held"] == "PENDING"  # no rounds while paused
+        assert c.policy(paused=False, round_interval=2.0) == {"policy": "fcfs", "placer": "best-fit",
+                                                               "round_interval": 2.0, "paused": False}
+        wait_for(lambda: states(c).get("held") == "FINISHED", what="the job ran after the resume")
+        token = c.create_tenant("bob")["token"]
+    from loom.service.client import Client, ServiceError, Target
+
+    with Client(Target(s.url, token)) as bob, pytest.raises(ServiceError, match="admin"):
+        bob.policy(paused=True)

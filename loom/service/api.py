@@ -35,6 +35,8 @@ from loom.service.schemas import (
     JobSubmission,
     JobView,
     NodeList,
+    PolicyUpdate,
+    PolicyView,
     TenantCreate,
     TenantToken,
 )
@@ -135,6 +137,30 @@ def create_app(service: Any, *, max_body_bytes: int = 64 * 1024) -> FastAPI:
         """Admin: a drained node takes new work again."""
         return _node_operation(service, who, name, "undrain_node")
 
+    @app.get("/v1/policy", response_model=PolicyView, tags=["admin"])
+    def policy(who: Who) -> PolicyView:
+        """Admin: the policy and placer in use, the round interval, whether scheduling is paused."""
+        who.require_admin()
+        return _policy_view(service)
+
+    @app.patch("/v1/policy", response_model=PolicyView, tags=["admin"])
+    def update_policy(body: PolicyUpdate, who: Who) -> PolicyView:
+        """Admin: pause or resume scheduling (e.g. for maintenance), change the round interval."""
+        who.require_admin()
+        engine = service.engine
+        if engine is None:
+            raise ApiError(409, "no scheduling engine runs in this process", "policy")
+
+        def apply(_core: Any) -> None:
+            if body.round_interval is not None:
+                engine.round_interval = body.round_interval
+            if body.paused is not None:
+                engine.paused = body.paused
+            engine.wake()
+
+        engine.call(apply).result(timeout=30)
+        return _policy_view(service)
+
     @app.get("/metrics", tags=["service"], response_class=Response,
              responses={200: {"content": {"text/plain": {}}}})
     def metrics() -> Response:
@@ -145,6 +171,13 @@ def create_app(service: Any, *, max_body_bytes: int = 64 * 1024) -> FastAPI:
 
     dashboard.install(app, service)
     return app
+
+
+def _policy_view(service: Any) -> PolicyView:
+    engine = service.engine
+    return PolicyView(policy=service.info.get("policy") or "", placer=service.info.get("placer") or "",
+                      round_interval=getattr(engine, "round_interval", None),
+                      paused=bool(getattr(engine, "paused", False)))
 
 
 def _node_operation(service: Any, who: Caller, name: str, operation: str) -> NodeList:

@@ -114,6 +114,12 @@ class Client:
     def undrain(self, node: str) -> dict[str, Any]:
         return self.request("POST", f"/v1/nodes/{node}/undrain")
 
+    def policy(self, **changes: Any) -> dict[str, Any]:
+        """The policy settings; with `paused=` / `round_interval=`, change them first (admin)."""
+        if changes:
+            return self.request("PATCH", "/v1/policy", json=changes)
+        return self.request("GET", "/v1/policy")
+
     def explain(self, job_id: str) -> dict[str, Any]:
         return self.request("GET", f"/v1/jobs/{job_id}/explain")
 

@@ -118,6 +118,7 @@ class LiveEngine:
         self.policy = POLICIES.get(policy)() if isinstance(policy, str) else policy
         self.placer = PLACERS.get(placer)() if isinstance(placer, str) else placer
         self.round_interval = round_interval
+        self.paused = False  # an operator's hold: no policy rounds (running jobs go on; events are applied)
         self.on_decision, self.on_answer, self.on_transition = on_decision, on_answer, on_transition
         self.on_event, self.on_round = on_event, on_round
         self.intake = intake
@@ -296,7 +297,7 @@ class LiveEngine:
         self._drain(now)
         if self._periodic_due(now):
             self._dirty = True
-        if self._dirty:
+        if self._dirty and not self.paused:
             self._rounds(now)
         self._publish()
         if self.after_step is not None:

@@ -63,7 +63,8 @@ class Runner:
             topology = self.backend.inventory().topology
             self.topology = topology
             _save_inventory(self.store, self.backend)
-            self.service = Service(self.store, info={"backend": options.backend, "policy": options.policy})
+            self.service = Service(self.store, info={"backend": options.backend, "policy": options.policy,
+                                                      "placer": options.placer})
             self.recorder = StoreRecorder(self.store, self.service.metrics, list(topology.node_names))
             self.engine = LiveEngine(self.backend, options.policy, options.placer,
                                      round_interval=options.round_interval, **self.recorder.hooks())

@@ -211,3 +211,17 @@ class Health(BaseModel):
     version: str
     backend: str | None = None
     policy: str | None = None
+
+
+class PolicyView(BaseModel):
+    policy: str
+    placer: str
+    round_interval: float | None
+    paused: bool
+
+
+class PolicyUpdate(_Strict):
+    """What an admin may change while the service runs."""
+
+    paused: StrictBool | None = Field(None, description="true: no policy rounds (running jobs go on); false: resume")
+    round_interval: float | None = Field(None, gt=0, le=86_400, description="seconds between periodic rounds")
