@@ -151,3 +151,20 @@ def test_an_admin_pauses_scheduling_and_resumes_it(served) -> None:
 
     with Client(Target(s.url, token)) as bob, pytest.raises(ServiceError, match="admin"):
         bob.policy(paused=True)
+
+
+def test_a_preemption_in_flight_when_the_service_dies_is_not_taken_for_a_finish(served) -> None:
+    s = served("--policy", "priority")
+    with s.client() as c:
+        c.submit({"job_id": "victim", "gpus": 8, "duration": 30.0})
+        wait_for(lambda: states(c).get("victim") == "RUNNING", what="victim running")
+        c.submit({"job_id": "urgent", "gpus": 8, "duration": 0.5, "priority": 9})
+        wait_for(lambda: states(c).get("victim") in ("STOPPING", "SUSPENDED"), what="the preemption")
+    s.kill(signal.SIGKILL)
+    time.sleep(2.0)  # the victim checkpoints and exits while no service watches
+    s2 = served("--policy", "priority")
+    with s2.client() as c:
+        wait_for(lambda: states(c).get("urgent") == "FINISHED", timeout=90, what="urgent finished")
+        wait_for(lambda: states(c).get("victim") == "FINISHED", timeout=120, what="victim resumed and finished")
+        runs = [t for t in c.explain("victim")["transitions"] if t["new"] == "RUNNING"]
+        assert len(runs) >= 2, "the victim never ran again after its preemption: its stop was taken for a finish"
