@@ -83,13 +83,13 @@ def store_args(request) -> list[str]:
 def test_after_kill_9_the_restarted_service_adopts_running_jobs_and_loses_nothing(served, store_args) -> None:
     s = served(*store_args)
     with s.client() as c:
-        c.submit({"job_id": "runs-through", "gpus": 4, "duration": 8.0})
+        c.submit({"job_id": "runs-through", "gpus": 4, "duration": 20.0})
         wait_for(lambda: states(c).get("runs-through") == "RUNNING", what="running")
         c.submit({"job_id": "queued", "gpus": 8, "duration": 0.5})
     s.kill(signal.SIGKILL)  # no shutdown: the job's processes keep running
     s2 = served(*store_args)
     with s2.client() as c:
-        assert states(c)["runs-through"] == "RUNNING"
+        assert states(c)["runs-through"] in ("RUNNING", "FINISHED")  # adopted (it may have ended meanwhile)
         wait_for(lambda: states(c) == {"runs-through": "FINISHED", "queued": "FINISHED"}, timeout=90,
                  what="both finished after the restart")
         starts = [d for d in c.explain("runs-through")["decisions"] if d["kind"] == "start"]
