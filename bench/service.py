@@ -203,24 +203,27 @@ def bench_crash(jobs: int, kills: int, seed: int) -> dict:
         acknowledged: set[str] = set()
         t0 = time.perf_counter()
         submitted = 0
-        kill_times = sorted(rng.uniform(0.5, 1.0) * i for i in range(1, kills + 1))
+        # the kills fall at random points of the load: after a random number of submissions each,
+        # then a random pause of up to half a second (jobs start, run and end meanwhile)
+        kill_after = sorted(rng.sample(range(1, jobs), kills))
         try:
             for k in range(kills + 1):
-                stop_after = kill_times[k] if k < kills else None
-                until = time.monotonic() + (stop_after or 0)
-                while submitted < jobs and (stop_after is None or time.monotonic() < until):
+                target = kill_after[k] if k < kills else jobs
+                while submitted < target:
                     job_id = f"job-{submitted:05d}"
-                    try:
-                        with served.client() as c:
-                            c.submit({"job_id": job_id, "gpus": rng.choice((1, 1, 2, 4)),
-                                      "duration": rng.uniform(0.05, 0.5)}, idempotency_key=job_id)
-                        acknowledged.add(job_id)
-                        submitted += 1
-                    except Exception:  # noqa: BLE001 — the service may be going down: retry after restart
-                        break
-                if stop_after is None:
+                    body = {"job_id": job_id, "gpus": rng.choice((1, 1, 2, 4)), "duration": rng.uniform(0.05, 0.5)}
+                    while True:  # until acknowledged: a retry sends the same spec with the same key
+                        try:
+                            with served.client() as c:
+                                c.submit(body, idempotency_key=job_id)
+                            break
+                        except Exception:  # noqa: BLE001 — the service may be going down or coming up
+                            time.sleep(0.2)
+                    acknowledged.add(job_id)
+                    submitted += 1
+                if k == kills:
                     break
-                time.sleep(rng.uniform(0.0, 0.3))
+                time.sleep(rng.uniform(0.0, 0.5))
                 served.kill(signal.SIGKILL)
                 served = start(root / "data", *args)
             deadline = time.monotonic() + 600
