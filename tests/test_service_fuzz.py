@@ -18,7 +18,7 @@ from loom.service.service import Service
 from loom.service.store import Store
 
 pytestmark = pytest.mark.slow
-EXAMPLES = int(os.environ.get("LOOM_FUZZ_EXAMPLES", "25"))
+EXAMPLES = int(os.environ.get("LOOM_FUZZ_EXAMPLES", "15"))
 
 
 @pytest.fixture(scope="module")
