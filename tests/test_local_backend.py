@@ -5,8 +5,9 @@ on the wall clock, with durations of a second or two: preemption through the con
 channel and resumption from its checkpoint, a crash, a hang, a stop that is never
 answered (SIGTERM after the grace period), a node failure, migrate and resize, and a
 service restart that adopts a job still running. The slow tier trains the example GPT
-through `loom run`, preempts it for a higher-priority job, resumes it on another
-emulated node and compares its loss curve with an uninterrupted run, bit for bit.
+through `loom run`, resizes it (2 → 1 process) and migrates it, and compares its loss
+curve with an uninterrupted run, bit for bit (preempted and resumed elsewhere through the
+service's API: tests/test_serve_e2e.py).
 """
 
 from __future__ import annotations
