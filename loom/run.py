@@ -21,6 +21,7 @@ import inspect
 import json
 import platform
 import subprocess
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -28,27 +29,26 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import loom
 from loom.config import Component, SimConfig, config_to_dict
 from loom.core.protocols import PLACERS, POLICIES, SPEED_MODELS
 from loom.core.record import RunRecord
-from loom.core.recovery import RecoveryConfig
 from loom.errors import LoomInputError
 from loom.hardware.clusters import load_cluster
-from loom.perf.interruptions import InterruptionCosts, InterruptionModel
 from loom.registry import Registry
 from loom.report.columns import JobTable
-from loom.report.decision_log import write_decision_log
+from loom.report.decision_log import decision_frame
 from loom.report.metrics import job_records, summary
 from loom.report.sanity import sanity_warnings
 from loom.sim.engine import Simulation, SimulationResult
-from loom.sim.launch import LaunchModel
-from loom.workload.faults import NodeFailure
 from loom.workload.job import FinalStatus
 from loom.workload.loaders import load_trace
 from loom.workload.scaling import scale_load
+
+if TYPE_CHECKING:
+    from loom.workload.faults import NodeFailure
 
 # every file a run may write into its directory (`error.txt`: an experiment's failed point)
 RUN_FILES = ("summary.json", "jobs.parquet", "decisions.jsonl", "manifest.json", "report.html", "error.txt")
@@ -127,7 +127,11 @@ def prepare(config: SimConfig) -> tuple[Simulation, Dropped]:
     if config.limit_jobs and len(specs) > config.limit_jobs:
         reasons[DROP_LIMIT] += len(specs) - config.limit_jobs
         specs = specs[: config.limit_jobs]
-    failures = [NodeFailure(f.node, f.at, f.repair_after) for f in config.failures]
+    failures: list[NodeFailure] = []
+    if config.failures:
+        from loom.workload.faults import NodeFailure
+
+        failures = [NodeFailure(f.node, f.at, f.repair_after) for f in config.failures]
     if config.failures_from:
         failures += failures_over(config.failures_from, topology, specs, config.seed).failures
         if config.recorded_failures == "drop":  # they already end at their recorded failure
@@ -142,9 +146,20 @@ def prepare(config: SimConfig) -> tuple[Simulation, Dropped]:
 
 def _simulation(config: SimConfig, topology: Any, specs: list[Any], failures: list[NodeFailure]) -> Simulation:
     on_by_failures = {} if (config.failures_from or config.job_failures) else None
-    interruptions = _section(InterruptionCosts, config.interruptions, on_by_failures, "interruptions")
-    recovery = _section(RecoveryConfig, config.recovery, on_by_failures, "recovery")
-    launch = _section(LaunchModel, launch_params(config), None, "launch")
+    interruptions = recovery = launch = None  # each feature's module is loaded only when the run uses it
+    if config.interruptions is not None or on_by_failures is not None:
+        from loom.perf.interruptions import InterruptionCosts, InterruptionModel
+
+        interruptions = InterruptionModel(_section(InterruptionCosts, config.interruptions, on_by_failures,
+                                                   "interruptions"))
+    if config.recovery is not None or on_by_failures is not None:
+        from loom.core.recovery import RecoveryConfig
+
+        recovery = _section(RecoveryConfig, config.recovery, on_by_failures, "recovery")
+    if (params := launch_params(config)) is not None:
+        from loom.sim.launch import LaunchModel
+
+        launch = _section(LaunchModel, params, None, "launch")
     return Simulation(
         topology,
         specs,
@@ -154,7 +169,7 @@ def _simulation(config: SimConfig, topology: Any, specs: list[Any], failures: li
         round_interval=config.round_interval_s,
         failures=failures,
         log_decisions=config.outputs.decision_log,
-        interruptions=InterruptionModel(interruptions) if interruptions is not None else None,
+        interruptions=interruptions,
         recovery=recovery,
         job_failures=job_failure_plans(config.job_failures, specs, config.seed),
         launch=launch,
@@ -237,28 +252,65 @@ def run(config: SimConfig, progress_factory: Callable[[Simulation], Callable[[fl
         planned = planned_files(config)
         _make_dir(out)
         _remove_stale(out, planned)
-        files = _write_records(config, out, result, stats, table)
-        del table
-        manifest = _manifest(config, result, started, planned)
-        records_end = time.perf_counter()
-        timing = {"load_s": setup_s, "sim_s": sim_end - t0 - setup_s, "records_s": records_end - sim_end,
-                  "report_s": 0.0}
-        manifest["wall_s"] = records_end - t0
-        manifest["timing"] = {**timing, "total_s": manifest["wall_s"]}
-        _write_manifest(out, manifest)
-        files.append("manifest.json")
-        if "report.html" in planned:
-            from loom.report.html import (
-                write_report,  # matplotlib: imported only when a report is wanted
-            )
+        writes = BackgroundWrites()  # jobs.parquet and decisions.jsonl, written while the run goes on
+        try:
+            files, frames = _write_records(config, out, result, stats, table, writes)
+            del table
+            manifest = _manifest(config, result, started, planned)
+            if "report.html" not in planned:
+                writes.wait()  # nothing left to do meanwhile
+            records_end = time.perf_counter()
+            timing = {"load_s": setup_s, "sim_s": sim_end - t0 - setup_s, "records_s": records_end - sim_end,
+                      "report_s": 0.0}
+            manifest["wall_s"] = records_end - t0
+            manifest["timing"] = {**timing, "total_s": manifest["wall_s"]}
+            _write_manifest(out, manifest)
+            files.append("manifest.json")
+            if "report.html" in planned:
+                from loom.report.html import (
+                    write_report,  # matplotlib: imported only when a report is wanted
+                )
 
-            stage("writing report.html…")
-            write_report(out)
-            files.append("report.html")
-            done = time.perf_counter()
-            manifest["timing"] = {**timing, "report_s": done - records_end, "total_s": done - t0}
-            _write_manifest(out, manifest)  # again, with the report's time
+                stage("writing report.html…")
+                write_report(out, data=_report_data(out, frames, manifest))
+                del frames
+                files.append("report.html")
+                writes.wait()
+                done = time.perf_counter()
+                manifest["timing"] = {**timing, "report_s": done - records_end, "total_s": done - t0}
+                _write_manifest(out, manifest)  # again, with the report's time
+        finally:
+            writes.wait(quiet=True)  # on an error: the files under way are complete before it propagates
     return RunOutputs(result, stats, out, files, dropped)
+
+
+class BackgroundWrites:
+    """Record files written on worker threads while the run goes on (the next frame, the manifest,
+    the report): polars writes a frame with the GIL released, so where a core is free the writing
+    costs the run next to nothing. `wait` returns once every file is complete."""
+
+    def __init__(self) -> None:
+        self._threads: list[threading.Thread] = []
+        self._errors: list[BaseException] = []
+
+    def submit(self, write: Callable[..., Any], *args: Any) -> None:
+        def work() -> None:
+            try:
+                write(*args)
+            except BaseException as exc:  # noqa: BLE001 - re-raised by `wait` on the run's thread
+                self._errors.append(exc)
+
+        thread = threading.Thread(target=work, name="loom-records", daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def wait(self, quiet: bool = False) -> None:
+        """Until every write is done; then the first failure is raised (unless `quiet`)."""
+        for thread in self._threads:
+            thread.join()
+        self._threads.clear()
+        if self._errors and not quiet:
+            raise self._errors[0]
 
 
 def _write_manifest(out: Path, manifest: dict[str, Any]) -> None:
@@ -364,17 +416,42 @@ def planned_files(config: SimConfig) -> list[str]:
     return files
 
 
+@dataclass
+class WrittenRecords:
+    """What `_write_records` wrote, as it holds it: the report of the run is made from these
+    instead of reading the files back (the same data: the files are written from them)."""
+
+    summary_text: str
+    jobs: Any = None  # polars DataFrame of jobs.parquet (None: not written)
+    decisions: Any = None  # polars DataFrame of decisions.jsonl (None: not written)
+
+
 def _write_records(config: SimConfig, out: Path, result: SimulationResult, stats: dict[str, Any],
-                   table: JobTable | None = None) -> list[str]:
-    (out / "summary.json").write_text(json.dumps(stats, indent=2) + "\n")
-    files = ["summary.json"]
+                   table: JobTable | None = None, writes: BackgroundWrites | None = None
+                   ) -> tuple[list[str], WrittenRecords]:
+    """summary.json, jobs.parquet, decisions.jsonl; the frames are written by `writes` when given
+    (complete once it has waited), else here."""
+    text = json.dumps(stats, indent=2) + "\n"
+    (out / "summary.json").write_text(text)
+    files, written = ["summary.json"], WrittenRecords(text)
+    write = writes.submit if writes is not None else (lambda fn, *args: fn(*args))
     if config.outputs.job_records:
-        job_records(result, table).write_parquet(out / "jobs.parquet")
+        written.jobs = job_records(result, table)
+        write(written.jobs.write_parquet, out / "jobs.parquet")
         files.append("jobs.parquet")
     if config.outputs.decision_log:
-        write_decision_log(result.decisions, result.topology, out / "decisions.jsonl")
+        written.decisions = decision_frame(result.decisions, result.topology)
+        write(written.decisions.write_ndjson, out / "decisions.jsonl")
         files.append("decisions.jsonl")
-    return files
+    return files, written
+
+
+def _report_data(out: Path, written: WrittenRecords, manifest: dict[str, Any]) -> Any:
+    """The run as `loom.report.data.load_run(out)` would read it back from the files just written."""
+    from loom.report.data import RunData
+
+    decisions = written.decisions if written.decisions is not None and written.decisions.height else None
+    return RunData(out, json.loads(written.summary_text), json.loads(json.dumps(manifest)), written.jobs, decisions)
 
 
 def _manifest(config: SimConfig, result: SimulationResult, started: datetime, planned: list[str]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from enum import Enum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -17,7 +17,9 @@ from rich.table import Column, Table
 from loom.cli.common import busy
 from loom.cli.errors import err_console, user_errors
 from loom.errors import LoomInputError
-from loom.perf.search import Choices
+
+if TYPE_CHECKING:  # imported where used: the estimator is not needed by the commands that do not price plans
+    from loom.perf.search import Choices
 
 console = Console()
 
@@ -154,6 +156,7 @@ def _fixed_knobs(job: Any, gpus: int, knobs: Choices) -> Choices:
     """Without --plan auto: tp, pp, vpp default to 1 and dp to GPUs/(tp·pp); check the plan."""
     from loom.core.plan import ParallelPlan
     from loom.perf.inputs import check_plan
+    from loom.perf.search import Choices
 
     tp, pp, vpp = knobs.tp or 1, knobs.pp or 1, knobs.vpp or 1
     dp = knobs.dp or gpus // (tp * pp)
@@ -224,6 +227,8 @@ def estimate(
     pp_minipods: PpMinipods = 1,
 ) -> None:
     """Iteration time, throughput, MFU and memory of one plan; omitted knobs are searched."""
+    from loom.perf.search import Choices
+
     job, hardware, placement, knobs = _command_inputs(
         model, layers, hidden, heads, seq, vocab, ffn_hidden, gpu_type, gpus_per_node, nic_gbps, global_batch,
         precision, no_flash_attention, grad_bytes, activation_bytes, dp_minipods, pp_minipods,
@@ -252,7 +257,7 @@ def _cell_rows(job: Any, hardware: Any, gpus: int, placement: Any) -> list[tuple
     """Crius Cells for N/2, N, 2N GPUs × stages, best sampled first: (grid-sampled
     `CellEstimate`, the tuned `Estimate`, or None when nothing fits or the stages are unequal)."""
     from loom.perf.cells import build_cells
-    from loom.perf.search import fastest_plan
+    from loom.perf.search import Choices, fastest_plan
 
     def tuned(c: Any) -> Any:
         if not c.parts or _unequal(c):
@@ -330,6 +335,8 @@ def plan(
     pp_minipods: PpMinipods = 1,
 ) -> None:
     """The fastest feasible plans (every knob not pinned is searched), best first."""
+    from loom.perf.search import Choices
+
     job, hardware, placement, knobs = _command_inputs(
         model, layers, hidden, heads, seq, vocab, ffn_hidden, gpu_type, gpus_per_node, nic_gbps, global_batch,
         precision, no_flash_attention, grad_bytes, activation_bytes, dp_minipods, pp_minipods,
@@ -417,7 +424,7 @@ def _smallest_fix(job: Any, hardware: Any, gpus: int, knobs: Choices, placement:
     from dataclasses import replace
     from itertools import combinations
 
-    from loom.perf.search import fastest_plan
+    from loom.perf.search import Choices, fastest_plan
 
     pinned = [name for name in KNOB_FLAGS if getattr(knobs, name) is not None]
     for size in range(1, len(pinned) + 1):

@@ -415,7 +415,14 @@ class Scheduler:
         if progress is not None:
             job.progress = progress
         job.since = at
-        ctx.releases.add(job.key, ctx.expected_end(job), job.allocation.total)  # type: ignore[union-attr]
+        # ctx.expected_end(job), inlined: once per start
+        rate, now = job.rate, ctx.now
+        if rate <= 0:
+            end = float("inf")
+        else:
+            left = ctx.runtime_estimate(job) - rate * (now - at)
+            end = now + max(0.0, left) / rate
+        ctx.releases.add(job.key, end, job.allocation.total)  # type: ignore[union-attr]
 
     def _on_progress(self, ev: JobProgress) -> None:
         if ev.ticket is not None:

@@ -73,11 +73,14 @@ def _bundled_specs() -> dict[str, GpuSpec]:
     return _parse(resource.read_text(encoding="utf-8"), str(resource))
 
 
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's when built with it: the same nodes, ~10x faster
+
+
 def _parse(text: str, source: str) -> dict[str, GpuSpec]:
     # Walk the node tree rather than yaml.safe_load's plain dicts: nodes keep
     # line numbers for every error, and duplicate keys (which safe_load would
     # silently overwrite) stay visible.
-    loader = yaml.SafeLoader(text)
+    loader = _Loader(text)
     try:
         root = loader.get_single_node()
         if root is None:

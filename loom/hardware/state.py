@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
@@ -35,13 +36,23 @@ class Allocation:
 
     @classmethod
     def single(cls, node: int, gpus: int) -> Allocation:
-        return cls((node,), (gpus,))
+        """`gpus` GPUs of one node. Allocations are immutable values, so the same object serves
+        every request for the same node and count: a 100k-job run holds a few hundred, not one
+        per job (and builds none in its hot loop)."""
+        alloc = _SINGLES.get((node, gpus))
+        if alloc is not None and type(alloc) is cls:
+            return alloc
+        alloc = cls((node,), (gpus,))
+        if type(node) is int and type(gpus) is int:  # not a NumPy integer: it would be shared too
+            _SINGLES[(node, gpus)] = alloc
+        return alloc
 
     def describe(self, topology: Topology) -> str:
         return ",".join(f"{topology.node_names[n]}:{g}" for n, g in zip(self.nodes, self.gpus))
 
 
 _set_nodes, _set_gpus, _set_total = (Allocation.__dict__[f].__set__ for f in ("nodes", "gpus", "total"))
+_SINGLES: dict[tuple[int, int], Allocation] = {}  # (node, gpus) → its one-node allocation
 
 
 class AllocationError(RuntimeError):
@@ -55,9 +66,28 @@ class ClusterState:
     free-GPU array; `failed` and `reserved_by` change rarely and are replaced
     (copy-on-write) rather than edited in place, so copies may share them.
     Per-switch aggregates are derived on demand and cached until the next change.
+
+    Nodes are also indexed by free GPU count (`by_free[v]`: a bit set, as a Python int, of
+    the nodes with exactly `v` free), kept in step by `allocate` and `release`: the tightest
+    node that holds a job is then the lowest bit of the first non-empty set from the job's
+    size up, a few integer operations instead of a pass over every node (`tightest`).
+    `allocate` and `release` read and write single nodes through a memoryview of `free`
+    (a NumPy scalar read or write costs twice as much, and every start and end does both).
     """
 
-    __slots__ = ("topology", "free", "failed", "reserved_by", "reserved_nodes", "free_total", "_switch_free")
+    __slots__ = (
+        "_bits",
+        "_by_free",
+        "_capacity",
+        "_cells",
+        "_switch_free",
+        "failed",
+        "free",
+        "free_total",
+        "reserved_by",
+        "reserved_nodes",
+        "topology",
+    )
 
     def __init__(self, topology: Topology) -> None:
         self.topology = topology
@@ -67,17 +97,34 @@ class ClusterState:
         self.reserved_nodes = 0
         self.free_total = int(self.free.sum())
         self._switch_free: dict[int, np.ndarray] = {}
+        self._cells = memoryview(self.free)  # the same memory as `free`, one node at a time
+        self._bits, self._capacity = _node_tables(topology)
+        self._by_free = [0] * (max(self._capacity, default=0) + 1)
+        for node, have in enumerate(self._capacity):
+            self._by_free[have] |= self._bits[node]
 
     def copy(self) -> ClusterState:
         clone = object.__new__(ClusterState)
         clone.topology = self.topology
         clone.free = self.free.copy()
+        clone._cells = memoryview(clone.free)
         clone.failed = self.failed
         clone.reserved_by = self.reserved_by
         clone.reserved_nodes = self.reserved_nodes
         clone.free_total = self.free_total
         clone._switch_free = self._switch_free  # read-only arrays; replaced, never edited
+        clone._by_free = self._by_free[:]  # of immutable ints
+        clone._bits, clone._capacity = self._bits, self._capacity  # per topology, never edited
         return clone
+
+    def __getstate__(self) -> dict[str, object]:
+        """For pickle and `copy`: everything but the memoryview (rebuilt on the unpickled `free`)."""
+        return {name: getattr(self, name) for name in self.__slots__ if name != "_cells"}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        for name, value in state.items():
+            setattr(self, name, value)
+        self._cells = memoryview(self.free)
 
     def switch_free(self, tier: int) -> np.ndarray:
         """Free GPUs under each switch of `tier` (read-only)."""
@@ -92,24 +139,30 @@ class ClusterState:
 
     # ------------------------------------------------------------ allocation
     def allocate(self, alloc: Allocation) -> None:
-        free = self.free
+        cells, by_free, bits = self._cells, self._by_free, self._bits
         for node, gpus in zip(alloc.nodes, alloc.gpus):
-            have = free.item(node)
+            have = cells[node]
             if gpus <= 0 or have < gpus:
                 raise AllocationError(f"node {self.topology.node_names[node]} has {have} free GPUs, asked for {gpus}")
-            free[node] = have - gpus
+            cells[node] = have - gpus
+            bit = bits[node]
+            by_free[have] ^= bit
+            by_free[have - gpus] |= bit
         self.free_total -= alloc.total
         if self._switch_free:
             self._switch_free = {}
 
     def release(self, alloc: Allocation) -> None:
-        free = self.free
-        capacity = self.topology.node_gpus
+        cells, by_free, bits, capacity = self._cells, self._by_free, self._bits, self._capacity
         for node, gpus in zip(alloc.nodes, alloc.gpus):
-            have = free.item(node) + gpus
-            if have > capacity.item(node):
+            had = cells[node]
+            have = had + gpus
+            if have > capacity[node]:
                 raise AllocationError(f"node {self.topology.node_names[node]} released more GPUs than it has")
-            free[node] = have
+            cells[node] = have
+            bit = bits[node]
+            by_free[had] ^= bit
+            by_free[have] |= bit
         self.free_total += alloc.total
         if self._switch_free:
             self._switch_free = {}
@@ -147,6 +200,22 @@ class ClusterState:
         self.reserved_nodes = int((self.reserved_by != NO_RESERVATION).sum())
 
     # --------------------------------------------------------------- queries
+    @property
+    def by_free(self) -> list[int]:
+        """The index: `by_free[v]` is the bit set (a Python int, bit n = node n) of the nodes with
+        exactly `v` free GPUs. For reading only: `allocate` and `release` keep it."""
+        return self._by_free
+
+    def tightest(self, gpus: int) -> int | None:
+        """The node with the fewest free GPUs that still holds `gpus` (the lowest index among
+        equals), or None: `placement.common.tightest_node(self.free, gpus)`, from the index."""
+        by_free = self._by_free
+        for have in range(max(gpus, 0), len(by_free)):
+            nodes = by_free[have]
+            if nodes:
+                return (nodes & -nodes).bit_length() - 1
+        return None
+
     def usable_mask(self, reservation: int | None = None, gpu_type: str | None = None,
                     gpu_types: tuple[str, ...] | None = None) -> np.ndarray | None:
         """Nodes a job may use: unreserved (or reserved for it) and of its type
@@ -173,3 +242,16 @@ class ClusterState:
     def busy_gpus(self) -> int:
         healthy = int(self.topology.node_gpus[~self.failed].sum())
         return healthy - self.free_total
+
+
+_TABLES: WeakKeyDictionary[Topology, tuple[list[int], list[int]]] = WeakKeyDictionary()
+
+
+def _node_tables(topology: Topology) -> tuple[list[int], list[int]]:
+    """Per node of `topology`: its bit in the free-count index and its GPU count, as Python ints
+    (made once per topology, shared by every state on it)."""
+    tables = _TABLES.get(topology)
+    if tables is None:
+        tables = _TABLES[topology] = ([1 << n for n in range(topology.num_nodes)], topology.node_gpus.tolist())
+    return tables
+

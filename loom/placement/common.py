@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
 from loom.hardware.state import Allocation, ClusterState
+from loom.hardware.topology import Topology
 
 NOT_FIT = np.iinfo(np.int32).max
 
@@ -78,6 +80,69 @@ def fewest_nodes_then_remainder(free: np.ndarray, gpus: int) -> Allocation | Non
     if last is None:
         return alloc
     return Allocation(alloc.nodes[:-1] + (last,), alloc.gpus[:-1] + (rest,))
+
+
+def node_bits(topology: Topology) -> list[int]:
+    """Per GPU type (by type id), the bit set of its nodes (as in `ClusterState.by_free`)."""
+    bits = _NODE_BITS.get(topology)
+    if bits is None:
+        types = topology.node_type.tolist()
+        bits = [sum(1 << n for n, t in enumerate(types) if t == tid) for tid in range(len(topology.gpu_types))]
+        _NODE_BITS[topology] = bits
+    return bits
+
+
+_NODE_BITS: WeakKeyDictionary[Topology, list[int]] = WeakKeyDictionary()
+
+
+def fewest_nodes_indexed(state: ClusterState, gpus: int) -> Allocation | None:
+    """`best_over_types(state, state.free, gpus, lambda f: fewest_nodes_then_remainder(f, gpus))`, the
+    same allocation, from the state's free-count index instead of sorting every node: the nodes
+    with the most free GPUs first (lowest index among equals), per GPU type."""
+    if gpus <= 0:
+        return best_over_types(state, state.free, gpus, lambda f: fewest_nodes_then_remainder(f, gpus))
+    by_free = state.by_free
+    groups = node_bits(state.topology)
+    if state.topology.homogeneous:
+        groups = [sum(groups)]
+    best: Allocation | None = None
+    for group in groups:
+        if len(groups) > 1 and sum(have * (nodes & group).bit_count() for have, nodes in enumerate(by_free)) < gpus:
+            continue  # type_groups skips a type with fewer free GPUs than asked
+        alloc = _fewest_in_group(by_free, group, gpus)
+        if alloc is not None and (best is None or len(alloc.nodes) < len(best.nodes)):
+            best = alloc
+    return best
+
+
+def _fewest_in_group(by_free: list[int], group: int, gpus: int) -> Allocation | None:
+    """`fewest_nodes_then_remainder` on the nodes of bit set `group`."""
+    nodes: list[int] = []
+    counts: list[int] = []
+    need = gpus
+    for have in range(len(by_free) - 1, 0, -1):
+        bits = by_free[have] & group
+        while bits and need > 0:
+            low = bits & -bits
+            bits ^= low
+            nodes.append(low.bit_length() - 1)
+            counts.append(min(have, need))
+            need -= have
+        if need <= 0:
+            break
+    if need > 0:
+        return None
+    if len(nodes) > 1:  # the remainder on the tightest node that holds it, the full nodes aside
+        rest = counts[-1]
+        others = group
+        for node in nodes[:-1]:
+            others &= ~(1 << node)
+        for have in range(rest, len(by_free)):
+            bits = by_free[have] & others
+            if bits:
+                nodes[-1] = (bits & -bits).bit_length() - 1
+                break
+    return Allocation(tuple(nodes), tuple(counts))
 
 
 def best_over_types(

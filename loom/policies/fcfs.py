@@ -8,6 +8,14 @@ from loom.core.decisions import Decision
 from loom.core.protocols import POLICIES
 from loom.core.round import RoundPlan
 
+_REASONS: list[str] = []  # "fcfs: queue position {i}" by i, made once each (a run asks for them ~100k times)
+
+
+def _reason(position: int) -> str:
+    while len(_REASONS) <= position:
+        _REASONS.append(f"fcfs: queue position {len(_REASONS)}")
+    return _REASONS[position]
+
 
 @POLICIES.register("fcfs")
 class FCFS:
@@ -18,6 +26,6 @@ class FCFS:
             return []
         plan = RoundPlan(ctx)
         for position, job in enumerate(ctx.pending.values()):
-            if plan.try_start(job, f"fcfs: queue position {position}") is None:
+            if plan.try_start(job, _REASONS[position] if position < len(_REASONS) else _reason(position)) is None:
                 break
         return plan.decisions

@@ -324,8 +324,13 @@ def common_prefix(names: list[str]) -> str:
 
 # ---------------------------------------------------------------- placements
 def largest_jobs(run: RunData, n: int) -> pl.DataFrame:
-    started = run.jobs.filter(pl.col("start").is_not_null())
-    return started.sort(["gpus", "gpu_seconds"], descending=True).head(n)
+    """The `n` largest started jobs (by GPUs, then GPU time). The order is sorted once per report
+    (the placement tree and the decision table both ask)."""
+    ranked = run.cache.get("largest_jobs")
+    if ranked is None:
+        started = run.jobs.filter(pl.col("start").is_not_null())
+        ranked = run.cache["largest_jobs"] = started.sort(["gpus", "gpu_seconds"], descending=True)
+    return ranked.head(n)
 
 
 def placements(run: RunData, n: int = 3) -> list[dict[str, Any]]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import polars as pl
 
-from loom.core.decisions import Decision
+from loom.core.decisions import Decision, Resume, Start
 from loom.hardware.topology import Topology
 
 _SEP = "\x1f"  # ASCII unit separator: never part of a node name
@@ -31,7 +31,8 @@ def decision_frame(decisions: list[tuple[float, Decision]], topology: Topology) 
 def _columns(decisions: list[tuple[float, Decision]], names: list[str], labels: list[list[str]],
              most: int) -> tuple[list, ...]:
     """The log's columns, in one pass over the decisions (each read for the fields its kind has;
-    one pass touches each decision once: cheaper than a pass per column)."""
+    one pass touches each decision once: cheaper than a pass per column). Starts and resumes,
+    nearly every decision of a run, read their fields directly; other kinds through `getattr`."""
     times: list[float] = []
     kinds: list[str] = []
     jobs: list[str | None] = []
@@ -45,10 +46,14 @@ def _columns(decisions: list[tuple[float, Decision]], names: list[str], labels: 
         kind = kind_of.get(cls)
         if kind is None:
             kind = kind_of[cls] = cls.__name__.lower()
-        alloc = getattr(d, "allocation", None)
         times.append(when)
         kinds.append(kind)
-        jobs.append(getattr(d, "job_id", None) or getattr(d, "for_job", None))
+        if cls is Start or cls is Resume:
+            alloc, plan = d.allocation, d.plan
+            jobs.append(d.job_id or None)
+        else:
+            alloc, plan = getattr(d, "allocation", None), getattr(d, "plan", None)
+            jobs.append(getattr(d, "job_id", None) or getattr(d, "for_job", None))
         if alloc is not None:
             gpus.append(alloc.total)
             held = alloc.nodes
@@ -60,7 +65,6 @@ def _columns(decisions: list[tuple[float, Decision]], names: list[str], labels: 
             gpus.append(None)
             nodes = getattr(d, "nodes", None)
             nodes_col.append(None if nodes is None else "".join(_SEP + names[n] for n in nodes))
-        plan = getattr(d, "plan", None)
         plans.append(None if plan is None else f"{plan.dp}x{plan.tp}x{plan.pp}")  # dp×tp×pp
         reasons.append(d.reason)
     return times, kinds, jobs, gpus, nodes_col, plans, reasons

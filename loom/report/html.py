@@ -72,11 +72,13 @@ class Section:
     body: str
 
 
-def write_report(run_dir: Path, out: Path | None = None) -> Path:
-    """Write the HTML report of the run in `run_dir` (default `run_dir/report.html`); return its path."""
+def write_report(run_dir: Path, out: Path | None = None, *, data: D.RunData | None = None) -> Path:
+    """Write the HTML report of the run in `run_dir` (default `run_dir/report.html`); return its path.
+    `data`: the run as `load_run(run_dir)` reads it, when the caller holds it already (the run that
+    just wrote the files), so it is not read back."""
     run_dir = Path(run_dir)
     out = Path(out) if out is not None else run_dir / "report.html"
-    run = D.load_run(run_dir)
+    run = data if data is not None else D.load_run(run_dir)
     page = render(run)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(page, encoding="utf-8")

@@ -7,7 +7,7 @@ import polars as pl
 
 from loom.core.decisions import Resume, Start
 from loom.core.jobs import JobState
-from loom.report.columns import JobTable
+from loom.report.columns import JobTable, _floats
 from loom.sim.engine import SimulationResult
 from loom.workload.job import JobClass
 
@@ -27,15 +27,17 @@ def job_records(result: SimulationResult, table: JobTable | None = None) -> pl.D
     type_names = [*topo.gpu_types, None]  # index -1: no allocation
     submits = t.submit_time
     nodes = [0 if alloc is None else len(alloc.nodes) for alloc in t.allocation]
-    rows: dict[str, list] = {
+    rows: dict[str, list | pl.Series] = {
         "job_id": t.job_id,
         "state": [names[s] for s in t.state],
         "submit": submits,
-        "start": t.first_start,
-        "end": t.end_time,
-        "queue_s": [None if start is None else start - submit for start, submit in zip(t.first_start, submits)],
-        "jct_s": [None if end is None else end - submit for end, submit in zip(t.end_time, submits)],
-        "run_s": t.duration,
+        # times that may be missing, from the table's float columns (NaN: none; NumPy to polars costs
+        # less than a list holding None): the same floats as the per-job subtractions
+        "start": _nullable(t.first),
+        "end": _nullable(t.end),
+        "queue_s": _nullable(t.first - t.submit),
+        "jct_s": _nullable(t.end - t.submit),
+        "run_s": _nullable(_floats(t.duration)),
         "gpus": t.gpus,
         "gpu_type": [type_names[i] for i in t.node_types.tolist()],
         "nodes": nodes,
@@ -61,6 +63,11 @@ def job_records(result: SimulationResult, table: JobTable | None = None) -> pl.D
                 spans[tier][i] = len({row[node] for node in held})
     return frame.with_columns(**{f"{name}_spanned": pl.Series(spans[i], dtype=pl.Int32)
                                  for i, name in enumerate(tiers)})
+
+
+def _nullable(values: np.ndarray) -> pl.Series:
+    """A Float64 column with NaN as null."""
+    return pl.Series(values, dtype=pl.Float64, nan_to_null=True)
 
 
 from loom.report.energy import energy

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
 import re
 import threading
@@ -38,6 +39,7 @@ ACTIONS = ("checkpoint", "stop", "migrate", "resize")
 STATES = ("starting", "running", "checkpointing", "stopping", "stopped", "finished", "failed")
 _REQUEST = re.compile(r"^(\d{8})\.json$")
 _counter = itertools.count()
+log = logging.getLogger("loom.runtime")
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,10 @@ class ControlChannel:
         self.files = JobFiles(job_dir)
         self.job_id = job_id
         self._lock = threading.Lock()
+        self._status_cv = threading.Condition()  # the background status writer's hand-over
+        self._status_seq = self._status_written = 0
+        self._status_pending: tuple[int, dict[str, Any]] | None = None
+        self._status_writer: threading.Thread | None = None
         for directory in (self.files.requests, self.files.acks):
             directory.mkdir(parents=True, exist_ok=True)
         self._seen = {int(m[1]) for p in self.files.acks.iterdir() if (m := _REQUEST.match(p.name))}
@@ -125,9 +131,39 @@ class ControlChannel:
         with self._lock:
             write_json_atomic(self.files.ack(seq), answer, durable=True)
 
-    def write_status(self, status: dict[str, Any]) -> None:
+    def write_status(self, status: dict[str, Any], *, background: bool = False) -> None:
+        """Replace status.json. `background`: a writer thread does it, so the training loop does not wait
+        for the file system (a create and a rename: milliseconds on a busy machine); the newest status
+        handed over wins, and none ever replaces a newer one written in the foreground."""
+        with self._status_cv:
+            self._status_seq += 1
+            seq = self._status_seq
+            if background:
+                self._status_pending = (seq, status)
+                if self._status_writer is None:
+                    self._status_writer = threading.Thread(target=self._write_statuses, daemon=True,
+                                                           name="loom-status")
+                    self._status_writer.start()
+                self._status_cv.notify()
+                return
+        self._write_status(seq, status)
+
+    def _write_status(self, seq: int, status: dict[str, Any]) -> None:
         with self._lock:
-            write_json_atomic(self.files.status, status)
+            if seq > self._status_written:
+                write_json_atomic(self.files.status, status)
+                self._status_written = seq
+
+    def _write_statuses(self) -> None:
+        while True:
+            with self._status_cv:
+                while self._status_pending is None:
+                    self._status_cv.wait()
+                (seq, status), self._status_pending = self._status_pending, None
+            try:
+                self._write_status(seq, status)
+            except OSError as exc:  # the next status (or the final, foreground one) tries again
+                log.warning("loom runtime: could not write %s: %s", self.files.status, exc)
 
     def event(self, kind: str, **fields: Any) -> None:
         line = json.dumps({"time": time.time(), "event": kind, **fields}, default=str)

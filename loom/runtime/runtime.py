@@ -488,7 +488,7 @@ class Runtime:
         if not force and now - self._status_at < self.config.status_interval_s:
             return
         self._status_at = now
-        self.channel.write_status(self.status())
+        self.channel.write_status(self.status(), background=not force)  # state changes: written at once
 
     def status(self) -> dict[str, Any]:
         """The status.json content (rank 0 writes it)."""

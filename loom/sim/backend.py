@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from heapq import heappush
+from typing import TYPE_CHECKING
 
 from loom.core.backend import EventSink, Inventory, handler_for
 from loom.core.decisions import (
@@ -53,9 +54,11 @@ from loom.sim.events import (
     NodeRepaired,
 )
 from loom.sim.health import NodeHealth
-from loom.sim.interruptions import Interruptions
-from loom.sim.launch import LaunchModel
-from loom.workload.job_failures import FailurePlan
+
+if TYPE_CHECKING:  # loaded when a run uses these features
+    from loom.sim.interruptions import Interruptions
+    from loom.sim.launch import LaunchModel
+    from loom.workload.job_failures import FailurePlan
 
 FINISH = int(EventKind.FINISH)
 __all__ = ["DecisionError", "SimBackend"]
@@ -199,7 +202,7 @@ class SimBackend:
         job = self.jobs[key]
         if self.interruptions is not None:
             self._end_segment(job, now, "finish")
-        self._settle(job, now)
+        self.since[key] = now  # settled: all its work is done
         self.remaining_work[key] = 0.0
         del self.running[key]
         self.rate[key] = 0.0

@@ -16,16 +16,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from heapq import heappop
 from operator import attrgetter
+from typing import TYPE_CHECKING
 
 from loom.core.decisions import Decision, Preempt, Release, Resize
 from loom.core.jobs import Job
 from loom.core.protocols import Placer, Policy, SpeedModel
 from loom.core.record import RunRecord
-from loom.core.recovery import Recovery, RecoveryConfig, RecoveryRecord
 from loom.core.scheduler import Scheduler
 from loom.errors import LoomInputError
 from loom.hardware.topology import Topology
-from loom.perf.interruptions import InterruptionModel
 from loom.sim.backend import SimBackend
 from loom.sim.events import (
     Announce,
@@ -33,15 +32,19 @@ from loom.sim.events import (
     EventKind,
     EventQueue,
     NodeFails,
-    NodeFailure,
     RoundDue,
 )
 from loom.sim.health import NodeHealth
-from loom.sim.interruptions import Interruptions, InterruptionTotals
-from loom.sim.launch import LaunchModel
 from loom.sim.speed import TraceDurationSpeed
 from loom.workload.job import JobSpec
-from loom.workload.job_failures import FailurePlan
+
+if TYPE_CHECKING:  # the optional features' modules load when a run uses them (a plain replay never does)
+    from loom.core.recovery import Recovery, RecoveryConfig, RecoveryRecord
+    from loom.perf.interruptions import InterruptionModel
+    from loom.sim.interruptions import InterruptionTotals
+    from loom.sim.launch import LaunchModel
+    from loom.workload.faults import NodeFailure
+    from loom.workload.job_failures import FailurePlan
 
 ProgressCallback = Callable[[float], None]
 FREES_CAPACITY = (Preempt, Release, Resize)
@@ -114,7 +117,11 @@ class Simulation:
             specs = prepare(specs, topology)
         ordered = sorted(specs, key=attrgetter("submit_time"))
         self.events = EventQueue()
-        self.interruptions = Interruptions(interruptions) if interruptions is not None else None
+        self.interruptions = None
+        if interruptions is not None:
+            from loom.sim.interruptions import Interruptions
+
+            self.interruptions = Interruptions(interruptions)
         self.backend = SimBackend(topology, speed, self.events, self.interruptions, launch, hang_watchdog_s,
                                   infra_repair_s)
         self.core = Scheduler(self.backend, policy, placer, recovery=recovery, log_decisions=log_decisions,
@@ -176,7 +183,9 @@ class Simulation:
         jobs, ctx, backend, core = self.jobs, self.ctx, self.backend, self.core
         heap = self.events.heap  # read directly: this loop is the simulator's hot path
         inf = float("inf")
-        cursor, n = 0, len(jobs)
+        cursor = 0
+        arrivals = [job.spec.submit_time for job in jobs]  # read once: the loop looks at the next one per instant
+        arrivals.append(inf)  # the end of the trace, never reached by `now`
         handled = rounds = 0
         round_pending = False
         followup_at, followups = -inf, 0
@@ -188,7 +197,7 @@ class Simulation:
         schedule, clock, round_seconds, round_queue = self.policy.schedule, time.perf_counter, \
             core.round_seconds, core.round_queue
         while True:
-            next_arrival = jobs[cursor].spec.submit_time if cursor < n else inf
+            next_arrival = arrivals[cursor]
             now = heap[0][0] if heap and heap[0][0] < next_arrival else next_arrival
             if now == inf:
                 break
@@ -207,7 +216,7 @@ class Simulation:
                     continue
                 dirty = True
                 handled += 1
-            while cursor < n and jobs[cursor].spec.submit_time == now:
+            while arrivals[cursor] == now:
                 job = jobs[cursor]
                 if job.spec.duration is None:
                     self._no_duration(job, now)

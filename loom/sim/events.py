@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import heapq
 from enum import IntEnum
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from loom.workload.faults import NodeFailure
+if TYPE_CHECKING:
+    from loom.workload.faults import NodeFailure
 
 __all__ = [
     "Announce",
@@ -104,3 +105,14 @@ class EventQueue:
 
     def __len__(self) -> int:
         return len(self.heap)
+
+
+def __getattr__(name: str) -> Any:
+    """`NodeFailure`, re-exported from `loom.workload.faults` when asked for (a replay without
+    failures need not load the fault models)."""
+    if name == "NodeFailure":
+        from loom.workload.faults import NodeFailure
+
+        return NodeFailure
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
