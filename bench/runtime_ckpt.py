@@ -337,7 +337,8 @@ def analyse_run(ranks: list[dict[str, Any]], events: list[dict[str, Any]], warmu
         event = ckpt_events[n] if n < len(ckpt_events) else {}
         waited = n > 0 and s["call"] < saves[n - 1]["end"]
         out.append({"iteration_index": hit[0] + 1 if hit else None, "stall_s": stall, "lost_s": lost, "waited": waited,
-                    "save_call_s": s["call_end"] - s["call"], "stall_cpu_s": s["stall_cpu"], "runtime_stall_s": event.get("stall_s"),
+                    "save_call_s": s["call_end"] - s["call"], "stall_cpu_s": s["stall_cpu"],
+                    "runtime_stall_s": event.get("stall_s"),
                     "save_total_s": s["total_s"], "bytes": event.get("bytes"),
                     "ranks": [{"phases": rs[n]["phases"], "total_s": rs[n]["total_s"], "written": rs[n]["written"]}
                               for rs in saves_by_rank if n < len(rs)]})
@@ -438,7 +439,8 @@ def report(args: argparse.Namespace, params: int, summary: dict[str, Any], dedup
     modes = list(summary)
     if modes:
         n = summary[modes[0]]["checkpoints"]
-        lines += [f"Model: GPT, {args.layers} layers, d_model {args.d_model}, {params / 1e6:.1f}M ({params:,}) parameters, AdamW "
+        lines += [f"Model: GPT, {args.layers} layers, d_model {args.d_model}, {params / 1e6:.1f}M ({params:,}) "
+                  "parameters, AdamW "
                   f"(checkpoint: parameters + two moments + step), {args.procs} DDP processes (gloo), batch "
                   f"{args.batch}x{args.block} tokens per process; a checkpoint every {args.interval} iterations, "
                   f"{args.checkpoints} per run, {args.repeat} runs per mode alternating; figures are medians over "
@@ -484,7 +486,8 @@ def report(args: argparse.Namespace, params: int, summary: dict[str, Any], dedup
                   "| DP degree | bytes, Loom (dedup) | bytes per rank file | bytes, one copy per replica | cut | "
                   "Loom / one copy |", "|---:|---:|:---|---:|---:|---:|"]
         for row in dedup:
-            per_file = ", ".join(f"{v / 1e6:,.1f}" for k, v in sorted(row["dedup_files"].items()) if k.endswith(".distcp"))
+            per_file = ", ".join(f"{v / 1e6:,.1f}" for k, v in sorted(row["dedup_files"].items())
+                                 if k.endswith(".distcp"))
             lines.append(f"| {row['degree']} | {row['dedup_bytes']:,} | {per_file} MB | {row['replica_bytes']:,} | "
                          f"{row['replica_bytes'] / row['dedup_bytes']:.2f}× | {one_copy_ratio(row):.3f} |")
         ok = all(abs(one_copy_ratio(row) - 1) <= 0.05 for row in dedup)
