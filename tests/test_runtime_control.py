@@ -163,3 +163,22 @@ def test_channel_answers_malformed_files_and_skips_answered_ones(tmp_path):
     restarted = ControlChannel(tmp_path / "job", "job")  # a new incarnation of the job
     assert [r.seq for r in restarted.poll(0)] == [5]  # answered requests are not served again
     assert client.ack(5) is None and set(ACTIONS) == {"checkpoint", "stop", "migrate", "resize"}
+
+
+def test_background_status_writes_never_replace_a_newer_status(tmp_path):
+    channel = ControlChannel(tmp_path / "job", "job")
+    for i in range(200):
+        channel.write_status({"iteration": i}, background=True)
+    channel.write_status({"iteration": 200, "state": "stopped"})  # a state change: written at once
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # whatever the writer thread still had in hand must not win
+        time.sleep(0.05)
+        assert json.loads(channel.files.status.read_text()) == {"iteration": 200, "state": "stopped"}
+        if channel._status_pending is None:
+            break
+    for i in range(201, 260):
+        channel.write_status({"iteration": i}, background=True)
+    deadline = time.monotonic() + 10
+    while json.loads(channel.files.status.read_text()) != {"iteration": 259}:
+        assert time.monotonic() < deadline, "the newest background status was never written"
+        time.sleep(0.02)
