@@ -6,12 +6,11 @@ page refreshes itself."""
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
-
-from loom.service.testing import kill_under, start
 from test_report_browser import browser, console_errors  # noqa: F401  (the module-scoped fixture)
+
+from loom.service.testing import kill_under, start, wait_for
 
 pytestmark = pytest.mark.browser
 
@@ -19,14 +18,6 @@ pytestmark = pytest.mark.browser
 def _text(driver, selector: str) -> str:
     return driver.execute_script(f"const e = document.querySelector({selector!r}); return e ? e.innerText : ''")
 
-
-def _wait(predicate, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not seen within {timeout:g} s")
 
 
 def test_the_dashboard_shows_a_submitted_job_change_state(browser, tmp_path) -> None:  # noqa: F811
@@ -43,11 +34,11 @@ def test_the_dashboard_shows_a_submitted_job_change_state(browser, tmp_path) -> 
             assert browser.execute_script("return document.getElementById('main').hidden") is True
             browser.find_element("id", "token").send_keys(served.token)
             browser.find_element("css selector", "#login button").click()
-            _wait(lambda: "watched" in _text(browser, "#queue"), what="the waiting job in the queue table")
-            _wait(lambda: "watched" in _text(browser, "#running"), what="the job in the running table")
+            wait_for(lambda: "watched" in _text(browser, "#queue"), what="the waiting job in the queue table")
+            wait_for(lambda: "watched" in _text(browser, "#running"), what="the job in the running table")
             assert "watched" not in _text(browser, "#queue")
             assert "node" in _text(browser, "#running")  # where it runs
-            _wait(lambda: "watched" not in _text(browser, "#running") and "blocker" not in _text(browser, "#running"),
+            wait_for(lambda: "watched" not in _text(browser, "#running") and "blocker" not in _text(browser, "#running"),
                   timeout=90, what="both jobs finished")
             decisions = _text(browser, "#decisions")
             assert "watched" in decisions and "start" in decisions and "fcfs" in decisions
@@ -61,7 +52,7 @@ def test_the_dashboard_shows_a_submitted_job_change_state(browser, tmp_path) -> 
             browser.get(f"{served.url}/dashboard")
             browser.find_element("id", "token").send_keys("wrong-token")
             browser.find_element("css selector", "#login button").click()
-            _wait(lambda: "unknown token" in _text(browser, "#status"), what="the token error")
+            wait_for(lambda: "unknown token" in _text(browser, "#status"), what="the token error")
     finally:
         served.kill(signal.SIGTERM)
         kill_under(data)

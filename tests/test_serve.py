@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from loom.service.testing import kill_under, start
+from loom.service.testing import kill_under, start, wait_for
 
 INVENTORY = "nodes: 4\ngpus_per_node: 2\nnodes_per_leaf: 2\npoll_s: 0.05\n"
 
@@ -29,16 +29,6 @@ def served(tmp_path):
         if s.proc.poll() is None:
             s.kill(signal.SIGTERM)
     kill_under(data)
-
-
-def wait_for(predicate, timeout: float = 60.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not met within {timeout:g} s")
 
 
 def states(client) -> dict[str, str]:

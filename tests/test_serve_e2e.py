@@ -6,24 +6,15 @@ with a loss curve bit-identical to an uninterrupted run of the same script."""
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
+from test_local_backend import EXAMPLE, ITERS, JOB_ARGS, _baseline, _losses
 
 from loom.service.backends.runs import Layout
-from loom.service.testing import kill_under, start
-from test_local_backend import EXAMPLE, ITERS, JOB_ARGS, _baseline, _losses
+from loom.service.testing import kill_under, start, wait_for
 
 pytestmark = pytest.mark.slow
 
-
-def _wait(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not within {timeout:g} s")
 
 
 def test_a_training_job_submitted_through_the_api_is_preempted_resumed_elsewhere_and_keeps_its_loss_curve(tmp_path):
@@ -33,18 +24,18 @@ def test_a_training_job_submitted_through_the_api_is_preempted_resumed_elsewhere
     served = start(data, "--inventory", str(tmp_path / "inv.yaml"), "--policy", "priority", "--round-interval", "1")
     try:
         with served.client() as c:
-            state = lambda job: c.status(job)["state"]  # noqa: E731
+            state = lambda job: c.status(job)["state"]
             c.submit({"job_id": "filler", "gpus": 1, "duration": 600.0})  # started first: not the victim
-            _wait(lambda: state("filler") == "RUNNING", 60, "filler running")
+            wait_for(lambda: state("filler") == "RUNNING", 60, "filler running")
             c.submit({"job_id": "gpt", "gpus": 1, "duration": 60.0,
                       "command": [str(EXAMPLE), *JOB_ARGS, "--step-delay", "0.25"]})
             log = Layout(data / "local").workdir("gpt") / "loss.jsonl"
-            _wait(lambda: log.exists() and len(log.read_text().splitlines()) >= 4, 180, "gpt training")
+            wait_for(lambda: log.exists() and len(log.read_text().splitlines()) >= 4, 180, "gpt training")
             c.submit({"job_id": "urgent", "gpus": 1, "duration": 2.0, "priority": 5})
-            _wait(lambda: state("gpt") == "SUSPENDED", 180, "gpt preempted")
+            wait_for(lambda: state("gpt") == "SUSPENDED", 180, "gpt preempted")
             assert len(log.read_text().splitlines()) < ITERS, "the job finished before it was preempted"
             c.cancel("filler")  # frees the other node: gpt resumes there
-            _wait(lambda: state("gpt") == "FINISHED", 300, "gpt finished")
+            wait_for(lambda: state("gpt") == "FINISHED", 300, "gpt finished")
             explained = c.explain("gpt")
             kinds = [d["kind"] for d in explained["decisions"]]
             assert kinds == ["start", "preempt", "resume"], kinds

@@ -15,6 +15,7 @@ import statistics
 import time
 
 import pytest
+from test_local_backend import EXAMPLE
 
 from loom.core.protocols import PLACERS, POLICIES
 from loom.service.backends.inventory import emulated
@@ -22,7 +23,6 @@ from loom.service.testing import kill_under, start
 from loom.sim.engine import Simulation
 from loom.sim.launch import LaunchModel
 from loom.workload.job import JobClass, JobSpec
-from test_local_backend import EXAMPLE
 
 pytestmark = pytest.mark.slow
 TRAIN = [str(EXAMPLE), "--iters", "12", "--layers", "1", "--d-model", "32"]

@@ -44,11 +44,14 @@ def energy(result: SimulationResult, table: JobTable | None = None) -> dict[str,
     fallback = board.get(default_type, 400.0)
     # a job's GPU type: its allocation's (first node), else the one its spec asks for, else the cluster's main one
     by_type = [board.get(kind or default_type, fallback) for kind in topo.gpu_types] + [0.0]
-    by_spec: dict[str | None, float] = {}
-    spec_watts = [by_spec[k] if k in by_spec else by_spec.setdefault(k, board.get(k or default_type, fallback))
-                  for k in t.gpu_type]
     types = t.node_types
-    watts = np.where(types >= 0, np.asarray(by_type)[types], np.asarray(spec_watts, dtype=np.float64))
+    watts = np.asarray(by_type)[types]
+    by_spec: dict[str | None, float] = {}
+    for i in np.flatnonzero(types < 0).tolist():  # never held GPUs (few): the type its spec asks for
+        kind = t.gpu_type[i]
+        if kind not in by_spec:
+            by_spec[kind] = board.get(kind or default_type, fallback)
+        watts[i] = by_spec[kind]
     gpu_s = np.array(t.gpu_seconds, dtype=np.float64).reshape(len(t))
     # summed in job order one addition at a time (cumsum), as a plain loop does: the same float as
     # ever (jobs that held no GPUs add 0)

@@ -7,9 +7,7 @@ import hashlib
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
-
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 

@@ -9,6 +9,7 @@ timeline starts when the service does.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter, deque
@@ -22,6 +23,7 @@ from fastapi.responses import HTMLResponse
 from loom.service.auth import Caller, Who
 from loom.service.views import every_job, job_view
 
+log = logging.getLogger("loom.service")
 WAITING = ["SUBMITTED", "PENDING", "SUSPENDED", "RECOVERING"]
 HOLDING = ["STARTING", "RUNNING", "STOPPING"]
 PLACEMENTS_SHOWN = 4
@@ -45,8 +47,8 @@ class UtilisationSampler:
             while not self._stop.is_set():
                 try:
                     self.sample()
-                except Exception:  # noqa: BLE001 — a failed sample must not end the thread
-                    pass
+                except Exception:  # a failed sample (the store busy or closing) must not end the thread
+                    log.debug("utilisation sample failed", exc_info=True)
                 self._stop.wait(self.interval)
 
         self._thread = threading.Thread(target=loop, name="loom-utilisation", daemon=True)

@@ -6,7 +6,13 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from loom.service.schemas import DecisionView, Explanation, NodeList, NodeView, TransitionView
+from loom.service.schemas import (
+    DecisionView,
+    Explanation,
+    NodeList,
+    NodeView,
+    TransitionView,
+)
 from loom.service.views import every_job, job_view
 
 RUNNING_STATES = ("STARTING", "RUNNING", "STOPPING")

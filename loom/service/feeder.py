@@ -61,7 +61,7 @@ class StoreFeeder:
                 try:
                     while self.step() and not self._stop.is_set():
                         pass
-                except Exception as exc:  # noqa: BLE001 — logged; the next turn tries again
+                except Exception as exc:
                     self.error = exc
                     log.exception("feeding the engine failed")
                     self._stop.wait(self.interval)

@@ -47,11 +47,10 @@ class Served:
 def start(data_dir: Path, *args: str, port: int | None = None, timeout: float = 60.0) -> Served:
     port = port or free_port()
     log = data_dir.parent / f"{data_dir.name}-serve-{port}.log"
-    out = open(log, "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "loom.cli.main", "serve", "--data-dir", str(data_dir),
-                             "--port", str(port), *args], stdout=out, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
-    out.close()
+    with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "loom.cli.main", "serve", "--data-dir", str(data_dir),
+                                 "--port", str(port), *args], stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while True:
@@ -92,3 +91,14 @@ def kill_under(path: Path) -> list[int]:
         except ProcessLookupError:
             pass
     return pids
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition", every: float = 0.1):
+    """Poll `predicate()` until it is truthy (returned) or `timeout` seconds pass (AssertionError)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"{what} not met within {timeout:g} s")
