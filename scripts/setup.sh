@@ -46,4 +46,8 @@ fi
 
 log "python3 -m pip install -e .[dev]"
 python3 -m pip install --progress-bar off -e ".[dev]"
+# Byte-compile Loom's sources once: with PYTHONDONTWRITEBYTECODE set (as on some machines) Python
+# never caches them and every `loom` command would compile ~440 KB of source again (~0.15 s).
+log "python3 -m compileall loom"
+python3 -m compileall -q loom
 log "done"
