@@ -110,7 +110,26 @@ class Cancel:
     reason: str
 
 
-Decision = Start | Preempt | Resume | Migrate | Resize | Reserve | Release | Timer | Cancel
+@dataclass(frozen=True, slots=True)
+class Diagnose:
+    """Find out why a failed job failed (its logs: rules, then retrieval over past failures).
+    Issued by the core's recovery pipeline; the backend answers with `JobDiagnosed`."""
+
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Localize:
+    """Test `nodes` (the failed job's) for faulty ones — Acme's two rounds of pairwise
+    all-gathers. Issued by the recovery pipeline; the backend answers with `FaultsLocalized`."""
+
+    job_id: str
+    nodes: tuple[int, ...]
+    reason: str
+
+
+Decision = Start | Preempt | Resume | Migrate | Resize | Reserve | Release | Timer | Cancel | Diagnose | Localize
 _START_FIELDS = ("job_id", "allocation", "reason", "plan")
 _start_job_id, _start_allocation, _start_reason, _start_plan = (Start.__dict__[f].__set__ for f in _START_FIELDS)
 _resume_job_id, _resume_allocation, _resume_reason, _resume_plan = (Resume.__dict__[f].__set__ for f in _START_FIELDS)

@@ -74,6 +74,32 @@ class JobFailed(NamedTuple):
     fatal: bool = False
     nodes: tuple[int, ...] = ()
     progress: float | None = None
+    diagnose: bool = False  # the backend does not know why: the recovery pipeline asks (`Diagnose`)
+
+
+class JobDiagnosed(NamedTuple):
+    """Why a failed job failed (the answer to a `Diagnose`): Acme's taxonomy — `category`
+    infrastructure | framework | script | LossSpike | unknown, the `error_type` (NCCLTimeout,
+    KeyError, ...), whether a restart can help, the root cause and a mitigation, for people."""
+
+    job_id: str
+    at: float
+    category: str
+    error_type: str
+    recoverable: bool
+    summary: str = ""
+    mitigation: str = ""
+    ticket: int | None = None  # the Diagnose it answers
+
+
+class FaultsLocalized(NamedTuple):
+    """The nodes a `Localize` found faulty (none: the nodes passed; the failure was transient)."""
+
+    job_id: str
+    at: float
+    faulty: tuple[int, ...]
+    summary: str = ""
+    ticket: int | None = None  # the Localize it answers
 
 
 class JobRestarted(NamedTuple):
@@ -136,7 +162,8 @@ class TimerFired(NamedTuple):
     token: tuple
 
 
-JobEvent = JobStarted | JobProgress | JobStopped | JobFinished | JobFailed | JobRestarted
+JobEvent = (JobStarted | JobProgress | JobStopped | JobFinished | JobFailed | JobRestarted | JobDiagnosed
+            | FaultsLocalized)
 NodeEvent = NodeDown | NodeUp | NodeDrained
 AckEvent = DecisionAccepted | DecisionDone | DecisionFailed
 Event = JobEvent | NodeEvent | AckEvent | TimerFired

@@ -22,6 +22,7 @@ __all__ = ["Job", "JobState"]
 class Job:
     __slots__ = (
         "allocation",
+        "diagnosis",
         "end_time",
         "failures",
         "first_start",
@@ -66,6 +67,7 @@ class Job:
         self.held_since = 0.0  # when the current allocation's GPU time was last counted
         self.setup_s = 0.0  # time spent STARTING (launches: image pull, model and data load)
         self.reason = ""
+        self.diagnosis: str | None = None  # why its last failure happened, when a diagnosis ran
 
     def __repr__(self) -> str:
         return f"Job({self.spec.job_id!r}, {self.state.name}, gpus={self.spec.gpus})"

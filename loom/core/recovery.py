@@ -5,7 +5,8 @@ blames, `NodeDown`, `NodeUp`) and the core's timers, it acts through the
 core's decisions, so the simulator and the live service run it unchanged
 (the simulator prices the pipeline's steps; a live backend carries them out).
 
-Pipeline for every job running on a node that fails:
+Pipeline for every job running on a node that fails (a backend that names
+the node), priced by the core's timer:
 
 1. **Detect** (`detection_s`: the job's processes die, heartbeats stop),
    **diagnose** (`diagnosis_s`: log rules, then retrieval over past failures),
@@ -21,6 +22,15 @@ Pipeline for every job running on a node that fails:
    when the simulation has one). With no replacement the survivors are
    released and the job goes to the *front* of the queue.
 
+**Live pipeline** (a backend that does not know why a job died reports
+`JobFailed(diagnose=True)`): the steps are real and the backend carries them
+out as decisions. `Diagnose` → `JobDiagnosed`: a script or framework error is
+not retried (the job ends FAILED with its diagnosis); an infrastructure error
+with no node to blame → `Localize` on the job's nodes → `FaultsLocalized`: the
+faulty nodes are cordoned (drained: nothing new lands there) and replaced as
+above; no faulty node → the job restarts on its own nodes. A step the backend
+could not carry out is skipped (a failed diagnosis counts as infrastructure).
+
 **Hot spares** (`spares_per_minipod` = k): the k last nodes of every minipod
 are held back; only preemptible jobs may run there (they are preempted when a
 spare is needed). A spare taken for a recovery joins the job for good, and the
@@ -35,8 +45,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from loom.core.decisions import Preempt, Resume
+from loom.core.decisions import Diagnose, Localize, Preempt, Resume
+from loom.core.events import FaultsLocalized, JobDiagnosed
 from loom.core.jobs import Job, JobState
+from loom.core.record import NodeEventRecord
 from loom.errors import LoomInputError
 from loom.hardware.state import NO_RESERVATION, Allocation
 from loom.placement.replacement import replacements
@@ -89,6 +101,7 @@ class RecoveryRecord:
     replaced: tuple[tuple[str, str], ...] = ()  # (failed node, replacement)
     used_spares: int = 0
     held_gpu_s: float = 0.0  # surviving GPUs held idle while it recovered
+    diagnosis: str | None = None  # live pipeline: category/error type: root cause
 
 
 @dataclass
@@ -98,6 +111,7 @@ class _Waiting:
     lost: dict[int, int]  # failed node → GPUs it held
     order: tuple[int, ...] = ()  # the job's nodes before the failure, in rank order
     record: RecoveryRecord = field(repr=False, default=None)  # type: ignore[assignment]
+    step: str | None = None  # live pipeline: the answer it waits for (diagnose | localize)
 
 
 class Recovery:
@@ -157,8 +171,9 @@ class Recovery:
             self.ctx.held[wait.job.job_id] = wait.keep
         wait.record.failed_nodes += (self.topology.node_names[node],)
 
-    def job_failed(self, job: Job, nodes: tuple[int, ...], now: float, cause: str) -> None:
-        """`job` (already off its GPUs) lost `nodes`: hold its survivors while the pipeline runs."""
+    def job_failed(self, job: Job, nodes: tuple[int, ...], now: float, cause: str, diagnose: bool = False) -> None:
+        """`job` (already off its GPUs) lost `nodes`: hold its survivors while the pipeline runs
+        (`diagnose`: the backend does not know why; the live pipeline's steps find out)."""
         alloc = job.allocation
         assert alloc is not None
         self.core._to(job, JobState.RECOVERING, f"JobFailed: {cause}", now)
@@ -172,8 +187,75 @@ class Recovery:
         names = self.topology.node_names
         record = RecoveryRecord(job.job_id, now, tuple(names[n] for n in lost), self._spread(alloc.nodes))
         self.records.append(record)
-        self.waiting[job.key] = _Waiting(job, keep, lost, alloc.nodes, record)
-        self.core.backend.set_timer(now + self.config.delay_s, ("recover", job.key))
+        wait = self.waiting[job.key] = _Waiting(job, keep, lost, alloc.nodes, record)
+        if diagnose:
+            wait.step = "diagnose"
+            self.core.issue([Diagnose(job.job_id, f"it failed ({cause}): find the root cause in its logs")], now)
+        else:
+            self.core.backend.set_timer(now + self.config.delay_s, ("recover", job.key))
+
+    # -- the live pipeline's steps ----------------------------------------------------
+    def step_done(self, job: Job, ev: JobDiagnosed | FaultsLocalized) -> bool:
+        """A step's answer; False if the job is not waiting for it (stale)."""
+        wait = self.waiting.get(job.key)
+        expected = "diagnose" if isinstance(ev, JobDiagnosed) else "localize"
+        if wait is None or wait.step != expected:
+            return False
+        if isinstance(ev, JobDiagnosed):
+            self._diagnosed(wait, ev)
+        else:
+            self._localized(wait, ev.faulty, ev.summary, ev.at)
+        return True
+
+    def step_failed(self, job: Job, step: Diagnose | Localize, why: str, now: float) -> None:
+        """The backend could not carry out a step: go on without its answer."""
+        wait = self.waiting.get(job.key)
+        if wait is None or wait.step != ("diagnose" if isinstance(step, Diagnose) else "localize"):
+            return
+        if isinstance(step, Diagnose):
+            self._diagnosed(wait, JobDiagnosed(job.job_id, now, "infrastructure", "Unknown", True,
+                                               f"no diagnosis ({why})"))
+        else:
+            self._localized(wait, (), f"no localisation ({why})", now)
+
+    def _diagnosed(self, wait: _Waiting, ev: JobDiagnosed) -> None:
+        job = wait.job
+        job.diagnosis = wait.record.diagnosis = (f"{ev.category}/{ev.error_type}"
+                                                 + (f": {ev.summary}" if ev.summary else ""))
+        if not ev.recoverable:
+            self.forget(job, ev.at)
+            why = f"diagnosed {job.diagnosis}; not retried" + (f" ({ev.mitigation})" if ev.mitigation else "")
+            self.core._end(job, JobState.FAILED, why, ev.at)
+            job.reason = why
+            return
+        if ev.category == "infrastructure" and not wait.lost:
+            wait.step = "localize"
+            nodes = wait.order
+            self.core.issue([Localize(job.job_id, nodes, f"diagnosed {ev.category}/{ev.error_type}: test its "
+                                                         f"{len(nodes)} node(s) for faulty ones")], ev.at)
+            return
+        wait.step = None
+        self.ready(job.key, ev.at)
+
+    def _localized(self, wait: _Waiting, faulty: tuple[int, ...], summary: str, now: float) -> None:
+        """Cordon the job's faulty nodes (drained: nothing new lands there), then restart without them."""
+        gpus = dict(zip(wait.order, wait.job.allocation.gpus))  # type: ignore[union-attr]
+        names = self.topology.node_names
+        for node in sorted(set(faulty) & set(wait.order)):
+            if wait.keep is not None and node in wait.keep.nodes:
+                self._drop_survivor(wait, node)
+            elif node not in wait.lost:
+                wait.lost[node] = gpus[node]
+                wait.record.failed_nodes += (names[node],)
+            self._cordon(node, now, f"found faulty while recovering {wait.job.job_id}" + (f": {summary}" if summary else ""))
+        wait.step = None
+        self.ready(wait.job.key, now)
+
+    def _cordon(self, node: int, now: float, why: str) -> None:
+        from loom.core.scheduler import DRAINED
+
+        self.core.record.node_events.append(NodeEventRecord(now, self.topology.node_names[node], "drained", why))
+        self.ctx.state.reserve([node], DRAINED)
 
     def hand_back_all(self, now: float) -> None:
         """The inventory changed under the pipelines: every recovering job goes back to the queue."""
@@ -235,8 +317,9 @@ class Recovery:
         wait.record.restarted_at = now
         wait.record.minipods_after = self._spread(alloc.nodes)
         swaps = ", ".join(f"{a}→{b}" for a, b in wait.record.replaced)
-        self.core.issue([Resume(job.job_id, alloc, f"recovered after {now - wait.record.failed_at:.0f}s: "
-                                                   f"{self.config.replacement} replacement {swaps}", job.plan)], now)
+        how = f"{self.config.replacement} replacement {swaps}" if swaps else "on its own nodes (none found faulty)"
+        self.core.issue([Resume(job.job_id, alloc, f"recovered after {now - wait.record.failed_at:.0f}s: {how}",
+                                job.plan)], now)
 
     def _spare_load(self) -> dict[int, int]:
         """GPUs preemptible jobs hold on spare nodes (they give them up for a recovery)."""

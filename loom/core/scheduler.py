@@ -25,6 +25,8 @@ from loom.core.context import Reservation, SchedulingContext, spec_runtime
 from loom.core.decisions import (
     Cancel,
     Decision,
+    Diagnose,
+    Localize,
     Migrate,
     Preempt,
     Release,
@@ -39,6 +41,8 @@ from loom.core.events import (
     DecisionDone,
     DecisionFailed,
     Event,
+    FaultsLocalized,
+    JobDiagnosed,
     JobFailed,
     JobFinished,
     JobProgress,
@@ -108,11 +112,12 @@ class Scheduler:
             NodeDown: self._on_node_down, NodeUp: self._on_node_up, NodeDrained: self._on_node_drained,
             DecisionAccepted: _ignore, DecisionDone: self._on_done, DecisionFailed: self._on_decision_failed,
             TimerFired: self._on_timer, InventoryChanged: self._on_inventory,
+            JobDiagnosed: self._on_step, FaultsLocalized: self._on_step,
         }
         self._issuers: dict[type, Callable[[Any, float], None]] = {
             Start: self._start, Resume: self._start, Preempt: self._stop, Cancel: self._stop,
             Migrate: self._move, Resize: self._move, Reserve: self._reserve, Release: self._release,
-            Timer: self._timer,
+            Timer: self._timer, Diagnose: self._ask, Localize: self._ask,
         }
         observers = self._observers
 
@@ -504,13 +509,13 @@ class Scheduler:
         self._take_off(job, ev.at)
         if ev.progress is not None:
             job.progress = ev.progress
-        if ev.fatal:
+        if ev.fatal and not (ev.diagnose and self.recovery is not None):
             self._end(job, S.FAILED, f"JobFailed: {ev.cause}", ev.at)
             job.reason = ev.cause
             return
         job.failures += 1
         if self.recovery is not None:
-            self.recovery.job_failed(job, ev.nodes, ev.at, ev.cause)
+            self.recovery.job_failed(job, ev.nodes, ev.at, ev.cause, diagnose=ev.diagnose)
         else:
             self._to(job, S.SUSPENDED, f"JobFailed: {ev.cause}", ev.at)
             self.ctx.pending[job.job_id] = job
@@ -550,6 +555,10 @@ class Scheduler:
             return
         job = self.jobs[d.job_id]  # type: ignore[union-attr]
         self.record.failed_decisions.append((ev.at, d, ev.reason))
+        if isinstance(d, (Diagnose, Localize)):
+            if self.recovery is not None:
+                self.recovery.step_failed(job, d, ev.reason, ev.at)
+            return
         if isinstance(d, (Start, Resume)):
             # the launch under way (or one answered before `apply` returned), not an older one
             if job.state is S.STARTING and self._launch.get(job.job_id, ev.ticket) == ev.ticket:
@@ -558,6 +567,17 @@ class Scheduler:
             self._on_failed(JobFailed(job.job_id, ev.at, f"{type(d).__name__} failed: {ev.reason}"))
         elif job.state is S.STOPPING:
             self._on_stopped(JobStopped(job.job_id, ev.at))
+
+    def _ask(self, d: Diagnose | Localize, at: float) -> None:
+        """A step of the recovery pipeline, for the backend to carry out (see `loom.core.recovery`)."""
+        self._send(d, self._job(d.job_id, S.RECOVERING), at)
+
+    def _on_step(self, ev: JobDiagnosed | FaultsLocalized) -> None:
+        if ev.ticket is not None:
+            self._answered(ev.ticket)
+        job = self.jobs.get(ev.job_id)
+        if job is None or self.recovery is None or not self.recovery.step_done(job, ev):
+            self.record.stale_events += 1
 
     def _on_timer(self, ev: TimerFired) -> None:
         action, arg = ev.token

@@ -21,6 +21,8 @@ from loom.core.backend import EventSink, Inventory, handler_for
 from loom.core.decisions import (
     Cancel,
     Decision,
+    Diagnose,
+    Localize,
     Migrate,
     Preempt,
     Resize,
@@ -30,6 +32,8 @@ from loom.core.decisions import (
 from loom.core.events import (
     DecisionAccepted,
     DecisionFailed,
+    FaultsLocalized,
+    JobDiagnosed,
     JobFailed,
     JobFinished,
     JobProgress,
@@ -89,7 +93,8 @@ class SimBackend:
         self.sink: EventSink = _ignore_event
         self._started = self._finished = _ignore_event  # the sink's handlers of the two events every job sends
         self._apply = {Start: self._start, Resume: self._start, Preempt: self._stop, Cancel: self._stop,
-                       Migrate: self._move, Resize: self._move}
+                       Migrate: self._move, Resize: self._move, Diagnose: self._diagnose,
+                       Localize: self._localize}
 
     def track(self, jobs: Sequence[Job]) -> None:
         """The jobs of the trace (the core's records, in key order): the ledger starts from their specs."""
@@ -141,6 +146,18 @@ class SimBackend:
                              LaunchDue(key, self.version[key], ticket))
             return
         self._launched(job, d.allocation, ticket, now, primitive)
+
+    def _diagnose(self, d: Diagnose, ticket: int, now: float) -> None:
+        """The simulator knows why: a node of the job is down (infrastructure), or nothing is known."""
+        alloc = self.alloc[self._by_id[d.job_id].key]
+        down = [self.topology.node_names[n] for n in (alloc.nodes if alloc else ()) if self.health.is_down(n)]
+        summary = f"node {', '.join(down)} down" if down else "no cause known to the simulator"
+        self.sink(JobDiagnosed(d.job_id, now, "infrastructure", "NodeFailure" if down else "Unknown", True,
+                               summary, ticket=ticket))
+
+    def _localize(self, d: Localize, ticket: int, now: float) -> None:
+        faulty = tuple(n for n in d.nodes if self.health.is_down(n))
+        self.sink(FaultsLocalized(d.job_id, now, faulty, "the nodes that are down", ticket=ticket))
 
     def launch_due(self, due: LaunchDue, now: float) -> bool:
         """A launch completes (or fails); False if it was called off meanwhile."""
