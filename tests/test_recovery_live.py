@@ -145,3 +145,18 @@ def test_without_recovery_the_backends_own_verdict_stands(fatal, end):
     core.observe(JobFailed("a", 100.0, "exit status 1", fatal=fatal, diagnose=True))
     assert not any(isinstance(d, Diagnose) for d, _ in backend.applied)
     assert job.state is (S.FAILED if fatal else S.SUSPENDED)
+
+
+def test_a_job_that_keeps_failing_is_not_recovered_forever():
+    core, backend, job = _running_job(recovery=RecoveryConfig(max_failures=2))
+    for attempt in range(1, 4):
+        core.observe(JobFailed("a", 100.0 * attempt, "exit status 1", diagnose=True))
+        if attempt == 3:
+            break
+        core.observe(JobDiagnosed("a", 100.0 * attempt + 1, "infrastructure", "CUDAError", True,
+                                  ticket=backend.last(Diagnose)[1]))
+        core.observe(FaultsLocalized("a", 100.0 * attempt + 2, (), "", backend.last(Localize)[1]))
+        core.observe(JobStarted("a", 100.0 * attempt + 3, 1.0, 0.0, backend.last(Resume)[1]))
+        assert job.state is S.RUNNING
+    assert job.state is S.FAILED and "failed 3 times" in job.reason
+    assert len([d for d, _ in backend.applied if isinstance(d, Diagnose)]) == 2

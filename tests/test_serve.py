@@ -117,12 +117,14 @@ def test_a_crashing_job_fails_and_is_counted_as_a_backend_error(served, tmp_path
         c.submit({"job_id": "bad", "gpus": 1, "command": [str(script)]})
         wait_for(lambda: states(c).get("bad") == "FAILED", timeout=90, what="the job failed")
         transitions = c.explain("bad")["transitions"]
-        assert transitions[-1]["new"] == "FAILED"
+        # the recovery pipeline read its log: no known error, so it is not retried blindly
+        assert [t["new"] for t in transitions[-2:]] == ["RECOVERING", "FAILED"]
+        assert "not retried" in transitions[-1]["event"] and "about to fail" in transitions[-1]["event"]
     import httpx
 
     metrics = httpx.get(f"{s.url}/metrics").text
     assert 'loom_backend_errors_total{kind="job_failed_fatal"} 1.0' in metrics
-    assert 'loom_job_transitions_total{new="FAILED",old="RUNNING"} 1.0' in metrics
+    assert 'loom_job_transitions_total{new="FAILED",old="RECOVERING"} 1.0' in metrics
 
 
 def test_an_admin_pauses_scheduling_and_resumes_it(served) -> None:

@@ -68,8 +68,9 @@ def run(
                                  "one); its files travel with the job on migration."),
     checkpoint_dir: Path = typer.Option(None, "--checkpoint-dir", help="Checkpoints (default "
                                         "RUNTIME_DIR/JOB_ID/checkpoints)."),
-    checkpoint_interval: int = typer.Option(0, "--checkpoint-interval", metavar="ITERS",
-                                            help="Checkpoint every ITERS iterations (0: only when asked)."),
+    checkpoint_interval: int = typer.Option(None, "--checkpoint-interval", metavar="ITERS", min=0,
+                                            help="Checkpoint every ITERS iterations (0: only when asked; default "
+                                                 "$LOOM_CHECKPOINT_INTERVAL, else 0)."),
     checkpoint_mode: str = typer.Option("sync", "--checkpoint-mode", metavar="sync|async",
                                         help="async: the loop stalls only to stage; files persist in the "
                                              "background."),
@@ -85,6 +86,8 @@ def run(
 ) -> None:
     from loom.runtime.launch import LaunchSpec, Supervisor, default_runtime_dir, validated
 
+    if checkpoint_interval is None:
+        checkpoint_interval = _interval_from_env()
     spec = validated(LaunchSpec(
         script=script, script_args=tuple(script_args or ()), job_id=job_id,
         runtime_dir=runtime_dir or default_runtime_dir(), nproc=nproc, logical_world=logical_world,
@@ -95,6 +98,18 @@ def run(
           f"{mode}), "
           f"control channel {spec.job_dir}", file=sys.stderr, flush=True)
     raise typer.Exit(Supervisor(spec).run())
+
+
+def _interval_from_env() -> int:
+    """`LOOM_CHECKPOINT_INTERVAL` (a service passes a job's interval this way), else 0."""
+    import os
+
+    raw = os.environ.get("LOOM_CHECKPOINT_INTERVAL", "").strip()
+    if not raw:
+        return 0
+    if not raw.isdigit():
+        raise LoomInputError(f"must be a whole number of iterations ≥ 0, got {raw!r}", field="LOOM_CHECKPOINT_INTERVAL")
+    return int(raw)
 
 
 run.__doc__ = RUN_HELP

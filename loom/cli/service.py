@@ -225,13 +225,18 @@ def serve_cmd(
     round_interval: float = typer.Option(30.0, "--round-interval", help="Seconds between periodic rounds while jobs wait."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8470, "--port"),
+    recovery: bool = typer.Option(True, "--recovery/--no-recovery", help="Recover failed jobs: diagnose the log, "
+                                  "localise faulty nodes, cordon them, restart from the last checkpoint without them "
+                                  "(script and framework errors are not retried). Off: a job's error fails it."),
+    spares: int = typer.Option(0, "--spares", min=0, help="Hot spare nodes per minipod, kept for recoveries."),
 ) -> None:
     from loom.core.protocols import PLACERS, POLICIES
     from loom.service.runner import ServeOptions, serve
 
     POLICIES.get(policy), PLACERS.get(placer)  # unknown names: a clear error before anything starts
     serve(ServeOptions(data_dir=data_dir, db=db, backend=backend, inventory=inventory, cluster=cluster, policy=policy,
-                       placer=placer, round_interval=round_interval, host=host, port=port),
+                       placer=placer, round_interval=round_interval, host=host, port=port, recovery=recovery,
+                       spares_per_minipod=spares),
           announce=lambda text: typer.echo(text, err=True))
 
 

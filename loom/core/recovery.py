@@ -69,6 +69,7 @@ class RecoveryConfig:
     localisation_rounds: int = 2
     replacement: str = "topology"
     spares_per_minipod: int = 0
+    max_failures: int = 0  # a job that failed more often than this is not recovered again (0: no limit)
 
     def __post_init__(self) -> None:
         if self.replacement not in REPLACEMENTS:
@@ -80,8 +81,9 @@ class RecoveryConfig:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0:
                 raise LoomInputError(f"must be a finite number ≥ 0, got {value!r}", field=f"recovery.{f.name}")
-        if not isinstance(self.spares_per_minipod, int) or not isinstance(self.localisation_rounds, int):
-            raise LoomInputError("must be an integer", field="recovery.spares_per_minipod")
+        for name in ("spares_per_minipod", "localisation_rounds", "max_failures"):
+            if not isinstance(getattr(self, name), int):
+                raise LoomInputError("must be an integer", field=f"recovery.{name}")
 
     @property
     def delay_s(self) -> float:
@@ -176,6 +178,11 @@ class Recovery:
         (`diagnose`: the backend does not know why; the live pipeline's steps find out)."""
         alloc = job.allocation
         assert alloc is not None
+        if self.config.max_failures and job.failures > self.config.max_failures:
+            why = f"JobFailed: {cause}; failed {job.failures} times (recovery.max_failures {self.config.max_failures})"
+            self.core._end(job, JobState.FAILED, why, now)
+            job.reason = why
+            return
         self.core._to(job, JobState.RECOVERING, f"JobFailed: {cause}", now)
         lost = {n: g for n, g in zip(alloc.nodes, alloc.gpus) if n in nodes}
         rest = [(n, g) for n, g in zip(alloc.nodes, alloc.gpus) if n not in lost]

@@ -58,6 +58,8 @@ from loom.core.backend import Backend, EventSink, Inventory, InventoryChanged
 from loom.core.decisions import (
     Cancel,
     Decision,
+    Diagnose,
+    Localize,
     Migrate,
     Preempt,
     Release,
@@ -70,6 +72,8 @@ from loom.core.events import (
     DecisionDone,
     DecisionFailed,
     Event,
+    FaultsLocalized,
+    JobDiagnosed,
     JobFailed,
     JobFinished,
     JobProgress,
@@ -90,11 +94,11 @@ from loom.hardware.state import Allocation
 from loom.service.clock import Clock, WallClock
 from loom.workload.job import JobSpec
 
-JOB_DECISIONS = (Start, Resume, Preempt, Migrate, Resize, Cancel)
+JOB_DECISIONS = (Start, Resume, Preempt, Migrate, Resize, Cancel, Diagnose, Localize)
 FREES_CAPACITY = (Preempt, Release, Resize)
 MAX_FOLLOWUPS = 64  # follow-up rounds at one instant, as in the simulator
 # answers: the core learns from them that a decision was carried out
-_ANSWER_WITH_TICKET = (JobStarted, JobStopped, JobProgress)
+_ANSWER_WITH_TICKET = (JobStarted, JobStopped, JobProgress, JobDiagnosed, FaultsLocalized)
 
 
 class LiveEngine:
@@ -344,7 +348,7 @@ class LiveEngine:
                 self._dirty = True
             return
         if self.on_answer is not None:
-            self.on_answer(ticket, status, event.at, getattr(event, "reason", None))  # type: ignore[arg-type]
+            self.on_answer(ticket, status, event.at, _answer_text(event, self.core.topology.node_names))  # type: ignore[arg-type]
         if status == "accepted":
             return
         issued = self._issued_at.pop(ticket, None)  # type: ignore[arg-type]
@@ -491,6 +495,17 @@ class LiveEngine:
     def idle(self) -> bool:
         """Every job ended and every decision answered (engine thread, or under `lock`)."""
         return not self.unfinished() and not self.core.unanswered
+
+
+def _answer_text(event: Event, names: list[str]) -> str | None:
+    """What an answer says, for the decision log: a failure's reason, a recovery step's finding."""
+    if isinstance(event, JobDiagnosed):
+        verdict = "recoverable" if event.recoverable else "not recoverable"
+        return f"{event.category}/{event.error_type} ({verdict}): {event.summary}".rstrip(": ")
+    if isinstance(event, FaultsLocalized):
+        found = ", ".join(names[n] for n in event.faulty) or "none"
+        return f"faulty: {found}" + (f" — {event.summary}" if event.summary else "")
+    return getattr(event, "reason", None)
 
 
 _RANK = {JobFinished: 0, NodeUp: 1, JobFailed: 2, NodeDown: 2, NodeDrained: 2, InventoryChanged: 2,

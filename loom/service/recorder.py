@@ -17,7 +17,7 @@ from dataclasses import asdict
 from typing import Any
 
 from loom.core.decisions import Decision, Release, Reserve, Timer
-from loom.core.events import DecisionFailed, JobFailed, NodeDown, NodeDrained, NodeUp
+from loom.core.events import DecisionFailed, FaultsLocalized, JobFailed, NodeDown, NodeDrained, NodeUp
 from loom.core.lifecycle import JobState
 from loom.core.record import Transition
 
@@ -54,6 +54,9 @@ class StoreRecorder:
         plan = getattr(decision, "plan", None)
         if plan is not None:
             payload["plan"] = _plan(plan)
+        nodes = getattr(decision, "nodes", None)
+        if nodes is not None:
+            payload["nodes"] = [self.names[n] for n in nodes]
         with self.store.transaction():
             self._write_pending()
             self.store.record_decision(self.ticket(ticket), kind, getattr(decision, "job_id", None), payload,
@@ -117,6 +120,9 @@ class StoreRecorder:
         if isinstance(event, (NodeDown, NodeUp, NodeDrained)):
             state = {NodeDown: "down", NodeUp: "up", NodeDrained: "drained"}[type(event)]
             self._pending.append((self.store.set_node_state, self.names[event.node], state, event.at))
+        elif isinstance(event, FaultsLocalized):  # the core cordons what recovery found faulty
+            for node in event.faulty:
+                self._pending.append((self.store.set_node_state, self.names[node], "drained", event.at))
         elif isinstance(event, DecisionFailed):
             self.metrics.backend_error("decision_failed")
         elif isinstance(event, JobFailed):

@@ -24,6 +24,7 @@ from loom.service.service import Service
 
 log = logging.getLogger("loom.service")
 ADMIN_TOKEN_FILE = "admin.token"
+LIVE_MAX_FAILURES = 5  # a job that keeps failing is not restarted a sixth time
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,8 @@ class ServeOptions:
     port: int = 8470
     max_body_bytes: int = 64 * 1024
     sample_s: float = 5.0
+    recovery: bool = True  # the core's recovery pipeline (diagnose, localise, cordon, restart)
+    spares_per_minipod: int = 0  # hot spare nodes kept for recoveries
     backend_options: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -67,7 +70,8 @@ class Runner:
                                                       "placer": options.placer})
             self.recorder = StoreRecorder(self.store, self.service.metrics, list(topology.node_names))
             self.engine = LiveEngine(self.backend, options.policy, options.placer,
-                                     round_interval=options.round_interval, **self.recorder.hooks())
+                                     round_interval=options.round_interval, recovery=live_recovery(options),
+                                     **self.recorder.hooks())
             self.recorder.engine = self.engine
         except BaseException:
             self.store.close()
@@ -104,6 +108,17 @@ class Runner:
         from loom.service.api import create_app
 
         return create_app(self.service, max_body_bytes=self.options.max_body_bytes)
+
+
+def live_recovery(options: ServeOptions) -> Any:
+    """The core's recovery pipeline for a live backend: no priced delays (the simulator's model of
+    detection, diagnosis and localisation); the steps take the time they really take."""
+    if not options.recovery:
+        return None
+    from loom.core.recovery import RecoveryConfig
+
+    return RecoveryConfig(detection_s=0.0, diagnosis_s=0.0, localisation_round_s=0.0,
+                          spares_per_minipod=options.spares_per_minipod, max_failures=LIVE_MAX_FAILURES)
 
 
 def bootstrap_admin(store: Any, data_dir: Path) -> Path:

@@ -16,7 +16,10 @@ and failed. Every ticket is answered.
 Decisions that touch the same GPUs are carried out in the order they came: a
 launch waits until the processes of the jobs that held its GPUs have exited.
 `fail_node(name)` emulates a node failure (its jobs' processes are killed, the
-core hears `JobFailed` and `NodeDown`); `repair_node`, `drain_node` likewise.
+core hears `JobFailed` and `NodeDown`); `repair_node`, `drain_node` likewise;
+`make_faulty(name, kind)` a node that breaks without going down (its processes hang
+or crash; a failure then comes with `diagnose=True`), for the core's recovery
+pipeline, whose `Diagnose` and `Localize` steps run here (`faults.py`).
 
 One monitor thread spawns, watches and signals processes; `apply` only records
 what to do (and answers at once what needs no process). The backend never holds
@@ -40,6 +43,8 @@ from loom.core.backend import EventSink, Inventory
 from loom.core.decisions import (
     Cancel,
     Decision,
+    Diagnose,
+    Localize,
     Migrate,
     Preempt,
     Resize,
@@ -62,6 +67,7 @@ from loom.hardware.state import Allocation
 from loom.hardware.topology import Topology
 from loom.runtime.control import ControlClient
 from loom.service.backends import runs as R
+from loom.service.backends.faults import Faults
 from loom.service.backends.inventory import (
     LocalInventory,
     LocalSettings,
@@ -75,7 +81,7 @@ from loom.workload.job import JobSpec
 log = logging.getLogger("loom.service.local")
 
 
-class LocalBackend(Watching):
+class LocalBackend(Watching, Faults):
     name = "local"
 
     def __init__(self, inventory: LocalInventory | Topology, *, root: str | Path | None = None,
@@ -115,6 +121,7 @@ class LocalBackend(Watching):
         self._closed = False
         self._thread: threading.Thread | None = None
         self.errors = 0
+        self._init_faults()
         self.clock.watch(self.busy)
 
     @classmethod
@@ -148,6 +155,8 @@ class LocalBackend(Watching):
                 self._stop(decision, ticket, at)  # type: ignore[arg-type]
             elif kind in (Migrate, Resize):
                 self._move(decision, ticket, at)  # type: ignore[arg-type]
+            elif kind in (Diagnose, Localize):
+                self._step(decision, ticket, at)  # type: ignore[arg-type]
             else:
                 self._emit(DecisionFailed(ticket, at, f"the local backend does not carry out {kind.__name__}"))
         self._flush()
@@ -282,6 +291,7 @@ class LocalBackend(Watching):
     def repair_node(self, name: str) -> None:
         with self._lock:
             node = self._node(name)
+            self._clear_fault(node)
             if node not in self._down:
                 return
             self._down.discard(node)
@@ -399,6 +409,7 @@ class LocalBackend(Watching):
         """Stop watching; with `kill`, end every job's processes (a test's or a service's shutdown)."""
         self._closed = True
         self._wakeup.set()
+        self._close_steps()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
         if kill:

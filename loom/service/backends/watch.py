@@ -20,6 +20,7 @@ from loom.core.events import (
     JobFailed,
     JobFinished,
     JobProgress,
+    JobRestarted,
     JobStarted,
     JobStopped,
 )
@@ -120,6 +121,7 @@ class Watching:
         if clock_file is not None:
             env["LOOM_CLOCK_FILE"] = str(clock_file)
             env["LOOM_SLEEP_POLL_S"] = str(min(self.poll_s, 0.005))
+        self._started_log(run.job_id)  # type: ignore[attr-defined]
         try:
             run.proc = Proc.spawn(R.command(run, self.layout, self.python), cwd=workdir, env=env,
                                   log=self.layout.log(run.job_id), job_dir=self.layout.job_dir(run.job_id))
@@ -214,9 +216,18 @@ class Watching:
         R.save_record(self.layout, run, self.topology)
 
     def _check_running(self, run: R.Run, now: float) -> None:
-        if run.sleep or now - run.reported < PROGRESS_EVERY_S:
+        if run.sleep:
             return
-        progress = R.scale(run, R.status(self.layout, run.job_id).get("iteration"))
+        status = R.status(self.layout, run.job_id)
+        rollback = status.get("last_rollback")
+        if isinstance(rollback, dict) and rollback != run.rollback:  # the runtime rolled back a loss spike
+            run.rollback = rollback
+            if rollback.get("event") == "rollback":
+                self._emit(JobRestarted(run.job_id, now, f"loss spike: {rollback.get('reason', '?')}", None,
+                                        R.scale(run, rollback.get("to_iteration"))))
+        if now - run.reported < PROGRESS_EVERY_S:
+            return
+        progress = R.scale(run, status.get("iteration"))
         if progress is not None:
             run.reported = now
             self._emit(JobProgress(run.job_id, now, None, progress))
@@ -249,7 +260,8 @@ class Watching:
         if run.phase == "spawned" and run.answer == "start":
             self._emit(JobStarted(run.job_id, now, None, None, run.ticket))  # it must run before it can fail
             run.ticket = None
-        run.after_exit = [JobFailed(run.job_id, now, cause, progress=R.work_done(run, self.layout)),
+        self._note_failure(run.job_id, cause)  # type: ignore[attr-defined]
+        run.after_exit = [JobFailed(run.job_id, now, cause, progress=R.work_done(run, self.layout), diagnose=True),
                           *self._moves_failed(run, now, cause)]
         run.phase = "dying"
         run.proc.kill()  # type: ignore[union-attr]
@@ -278,7 +290,8 @@ class Watching:
         if code == 0:
             self._emit(JobFinished(run.job_id, now, self._final(run, progress)))
         else:
-            self._emit(JobFailed(run.job_id, now, cause, fatal=code < 128, progress=progress))
+            self._note_failure(run.job_id, cause)  # type: ignore[attr-defined]
+            self._emit(JobFailed(run.job_id, now, cause, fatal=code < 128, progress=progress, diagnose=True))
         for event in self._moves_failed(run, now, f"the job ended ({cause})"):
             self._emit(event)
         if run.stop is not None:
