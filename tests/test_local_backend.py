@@ -34,6 +34,7 @@ from loom.service.backends.runs import Layout
 from loom.service.clock import WallClock
 from loom.service.engine import LiveEngine
 from loom.service.specs import LaunchSpec
+from loom.service.testing import loss_curve
 from loom.workload.job import JobSpec
 
 S = JobState
@@ -271,14 +272,6 @@ ITERS = 24
 JOB_ARGS = ["--iters", str(ITERS), "--layers", "1", "--d-model", "32"]
 
 
-def _losses(path: Path) -> dict[int, float]:
-    out: dict[int, float] = {}
-    for line in path.read_text().splitlines():
-        row = json.loads(line)
-        assert out.setdefault(row["iteration"], row["loss"]) == row["loss"], f"iteration {row['iteration']} twice"
-    return out
-
-
 def _baseline(tmp_path: Path, *options: str) -> tuple[subprocess.Popen[str], Path]:
     """An uninterrupted `loom run` of the example, in the background: (process, its loss log)."""
     base = tmp_path / "baseline"
@@ -336,5 +329,5 @@ def test_a_training_job_resized_and_migrated_by_the_runtime_keeps_its_loss_curve
     assert [(e["action"], e["processes"]) for e in restarts] == [("resize", 1), ("migrate", 1)]
     log = current_workdir(w.backend.layout, "gpt") / "loss.jsonl"
     assert log.parent.name == "gpt.m1"  # the migration's new working directory, files and all
-    assert _losses(log) == _losses(expected)
-    assert sorted(_losses(log)) == list(range(1, ITERS + 1))
+    assert loss_curve(log) == loss_curve(expected)
+    assert sorted(loss_curve(log)) == list(range(1, ITERS + 1))

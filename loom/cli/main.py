@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 import typer
 from rich.table import Table
 
+from loom.cli import diagnose as diagnose_cli
 from loom.cli import experiment as experiment_cli
+from loom.cli import localize as localize_cli
 from loom.cli import perf as perf_cli
 from loom.cli import place as place_cli
 from loom.cli import predict as predict_cli
@@ -43,6 +45,8 @@ experiment_cli.register(app)
 predict_cli.register(app)
 run_cli.register(app)
 service_cli.register(app)
+diagnose_cli.register(app)
+localize_cli.register(app)
 console = WideConsole()
 
 

@@ -92,7 +92,7 @@ def _lost_nodes(core: Scheduler, old: Topology, new: Topology) -> list[int]:
 def _carry_state(state: ClusterState, old: Topology, new: Topology, evicted: set[int]) -> ClusterState:
     """A fresh state on the new tree with failed and drained nodes carried over by name (not the
     nodes only marked down here to evict jobs that no longer fit them)."""
-    from loom.core.scheduler import DRAINED
+    from loom.hardware.state import DRAINED
 
     fresh = ClusterState(new)
     for node, name in enumerate(old.node_names):

@@ -50,7 +50,7 @@ from loom.core.events import FaultsLocalized, JobDiagnosed
 from loom.core.jobs import Job, JobState
 from loom.core.record import NodeEventRecord
 from loom.errors import LoomInputError
-from loom.hardware.state import NO_RESERVATION, Allocation
+from loom.hardware.state import DRAINED, NO_RESERVATION, Allocation
 from loom.placement.replacement import replacements
 
 if TYPE_CHECKING:
@@ -147,7 +147,8 @@ class Recovery:
     def node_repaired(self, node: int) -> None:
         """A repaired node whose place a spare took becomes a spare (when nothing runs on it)."""
         state = self.ctx.state
-        if node in self._refill and not state.failed[node] and state.free[node] == self.topology.node_gpus[node]:
+        if node in self._refill and not state.failed[node] and state.reserved_by[node] != DRAINED \
+                and state.free[node] == self.topology.node_gpus[node]:
             self._refill.discard(node)
             self.spares.add(node)
             state.reserve([node], SPARES)
@@ -259,8 +260,6 @@ class Recovery:
         self.ready(wait.job.key, now)
 
     def _cordon(self, node: int, now: float, why: str) -> None:
-        from loom.core.scheduler import DRAINED
-
         self.core.record.node_events.append(NodeEventRecord(now, self.topology.node_names[node], "drained", why))
         self.ctx.state.reserve([node], DRAINED)
 

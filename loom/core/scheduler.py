@@ -59,14 +59,13 @@ from loom.core.lifecycle import TERMINAL, TRANSITIONS, IllegalTransition, JobSta
 from loom.core.protocols import Placer, Policy
 from loom.core.record import NodeEventRecord, RunRecord
 from loom.errors import LoomInputError
-from loom.hardware.state import NO_RESERVATION, Allocation, ClusterState
+from loom.hardware.state import DRAINED, NO_RESERVATION, Allocation, ClusterState
 from loom.workload.job import JobSpec
 
 S = JobState
 # members bound once: enum attribute lookups are slow in the simulator's hot loop
 ANNOUNCED, PENDING, STARTING, RUNNING, STOPPING, SUSPENDED, RECOVERING, FINISHED = (
     S.ANNOUNCED, S.PENDING, S.STARTING, S.RUNNING, S.STOPPING, S.SUSPENDED, S.RECOVERING, S.FINISHED)
-DRAINED = (1 << 30) + 1  # reservation id that keeps new work off drained nodes
 
 
 class DecisionError(RuntimeError):
@@ -610,8 +609,8 @@ class Scheduler:
             state.reserve([node], NO_RESERVATION)
         if state.failed[node]:
             state.repair_node(node)
-            if self.recovery is not None:
-                self.recovery.node_repaired(node)
+        if self.recovery is not None:  # a node recovery cordoned or lost may become a hot spare now
+            self.recovery.node_repaired(node)
 
     def _on_node_drained(self, ev: NodeDrained) -> None:
         """Nothing new is placed on a drained node; what runs there goes on until it ends."""

@@ -16,6 +16,7 @@ import numpy as np
 from loom.hardware.topology import Topology
 
 NO_RESERVATION = -1
+DRAINED = (1 << 30) + 1  # reservation id that keeps new work off drained (cordoned) nodes
 
 
 

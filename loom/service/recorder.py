@@ -17,7 +17,14 @@ from dataclasses import asdict
 from typing import Any
 
 from loom.core.decisions import Decision, Release, Reserve, Timer
-from loom.core.events import DecisionFailed, FaultsLocalized, JobFailed, NodeDown, NodeDrained, NodeUp
+from loom.core.events import (
+    DecisionFailed,
+    FaultsLocalized,
+    JobFailed,
+    NodeDown,
+    NodeDrained,
+    NodeUp,
+)
 from loom.core.lifecycle import JobState
 from loom.core.record import Transition
 

@@ -102,3 +102,35 @@ def wait_for(predicate, timeout: float = 60.0, what: str = "condition", every: f
             return value
         time.sleep(every)
     raise AssertionError(f"{what} not met within {timeout:g} s")
+
+
+def loss_curve(path: Path) -> dict[int, float]:
+    """Iteration → loss from a `loss.jsonl` of the example job (`examples/jobs/gpt_train.py`). An
+    iteration logged twice (run again after a restore) must have the same loss both times."""
+    import json
+
+    out: dict[int, float] = {}
+    for line in Path(path).read_text().splitlines():
+        row = json.loads(line)
+        assert out.setdefault(row["iteration"], row["loss"]) == row["loss"], f"iteration {row['iteration']} differs"
+    return out
+
+
+def processes_under(runtime_dir: Path) -> list[int]:
+    """Live processes of jobs whose runtime directory is `runtime_dir` (from their environment):
+    what a test checks is gone once its jobs were stopped or killed."""
+    import os
+
+    found = []
+    want = f"LOOM_RUNTIME_DIR={Path(runtime_dir).resolve()}".encode()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                environ = Path(f"/proc/{entry}/environ").read_bytes()
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+            except OSError:
+                continue
+            if want in environ.split(b"\0") and state != "Z":
+                found.append(int(entry))
+    return found
+

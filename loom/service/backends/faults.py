@@ -36,6 +36,7 @@ from loom.core.decisions import Diagnose, Localize
 from loom.core.events import DecisionFailed, Event, FaultsLocalized, JobDiagnosed
 from loom.hardware.topology import Topology
 from loom.service.backends import runs as R
+from loom.service.backends.procs import descendants
 
 log = logging.getLogger("loom.service.local")
 FAULT_KINDS = ("hang", "crash", "wrong", "slow")
@@ -83,13 +84,13 @@ class Faults:
 
     def _pids_on(self, run: R.Run, node: int) -> list[int]:
         """The processes of `run` on emulated `node`: its worker ranks there, or a sleep job's one."""
-        group = _group(run.proc.pid)  # type: ignore[union-attr]
+        below = [run.proc.pid, *descendants(run.proc.pid)]  # type: ignore[union-attr]
         if run.sleep:
-            return group
+            return below
         nodes = sorted(run.binding or ())
         where = nodes.index(node)
         pids = []
-        for pid in group:
+        for pid in below:
             env = _environ(pid)
             rank, world = env.get("RANK"), env.get("WORLD_SIZE")
             if rank is None or world is None or env.get("LOOM_JOB_ID") != run.job_id:
@@ -117,7 +118,7 @@ class Faults:
     def _answer(self, work: Any, decision: Any, ticket: int) -> None:
         try:
             event = work(decision, ticket)
-        except Exception as exc:  # noqa: BLE001 - the core goes on without this step's answer
+        except Exception as exc:
             log.exception("recovery step %s of %s failed", type(decision).__name__, decision.job_id)
             event = DecisionFailed(ticket, self.clock.now(), f"{type(decision).__name__.lower()} failed: {exc}")
         self._report(event)
@@ -130,10 +131,15 @@ class Faults:
     def _diagnose(self, d: Diagnose, ticket: int) -> Event:
         from loom.diagnosis import diagnose
 
+        from loom.errors import LoomInputError
+
         cause, offset = self._failed.get(d.job_id, ("", 0))
-        result = diagnose(_lines(self.layout.log(d.job_id), offset))
+        try:
+            result = diagnose(_lines(self.layout.log(d.job_id), offset))
+        except LoomInputError:  # nothing written since it started: no log to read
+            result = None
         now = self.clock.now()
-        if result.error_type in ("Unknown", "unknown") or result.category == "unknown":
+        if result is None or result.error_type in ("Unknown", "unknown") or result.category == "unknown":
             if "hung" in cause:
                 return JobDiagnosed(d.job_id, now, "infrastructure", "NCCLTimeout", True,
                                     f"{cause}; no error in its log: a collective never returned on some rank",
@@ -174,19 +180,6 @@ def _lines(path: Path, offset: int) -> Iterator[str]:
                 yield raw.decode("utf-8", "replace").rstrip("\n")
     except OSError:
         return
-
-
-def _group(pgid: int) -> list[int]:
-    """Every live process of process group `pgid`."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getpgid(int(entry)) == pgid:
-                    found.append(int(entry))
-            except OSError:
-                continue
-    return found
 
 
 def _environ(pid: int) -> dict[str, str]:

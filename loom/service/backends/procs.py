@@ -64,11 +64,20 @@ class Proc:
         return 128 + signal.SIGKILL  # it left no word: killed (the machine, the service's shutdown)
 
     def signal(self, signum: int) -> None:
-        """Signal the whole group (the job's processes, whatever they started)."""
-        try:
-            os.killpg(self.pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
+        """Signal the job's group and every process it started: torchrun starts each worker in a
+        session of its own, so a signal to the launcher's group alone would leave them running
+        (orphans, once the launcher is gone)."""
+        groups = {self.pid}
+        for pid in descendants(self.pid):
+            try:
+                groups.add(os.getpgid(pid))
+            except OSError:
+                continue
+        for group in groups:
+            try:
+                os.killpg(group, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def kill(self) -> None:
         self.signal(signal.SIGKILL)
@@ -76,6 +85,26 @@ class Proc:
     @property
     def running(self) -> bool:
         return self.poll() is None
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (children, their children, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                parent = int(handle.read().rsplit(")", 1)[-1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def alive(pid: int) -> bool:

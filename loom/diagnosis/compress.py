@@ -1,0 +1,269 @@
+"""Log compression: drop the routine lines of a training log, keep what may explain a failure.
+
+Two kinds of filters, applied line by line (a log is streamed, never read whole):
+
+* built-in, hand-written: blank lines, rules (`=====`), tqdm progress bars (`\\r`-separated
+  updates), which no corpus needs to teach;
+* learned from the training split of the corpus: every line is masked into a template (numbers,
+  hex, IPs, paths, URLs and timestamps replaced by placeholders, whitespace collapsed); templates
+  seen in healthy runs, or in failed runs of at least `MIN_TYPES` different error types without
+  an error word, are routine. They are kept as templates (an exact set lookup per line is what
+  makes 10k lines cost milliseconds) and published as regexes (`FilterSet.regexes`). A filter is
+  never learned for a line the rules would classify, so compression cannot hide a root cause.
+
+`python bench/diagnosis.py --learn-filters` relearns `data/filters.json` from the corpus.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from importlib import resources
+from pathlib import Path
+
+MIN_TYPES = 3
+MAX_KEPT = 50_000  # kept lines held in memory; a log with more is an error storm, its head suffices
+FILTERS_VERSION = "1"
+
+_PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:\s?")
+# (pattern, replacement, substring the line must hold for the pattern to apply: a cheap pre-check)
+_MASKS = (
+    (re.compile(r"\d{4}-\d{2}-\d{2}[ T_]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?"), "<TS>", ":"),
+    (re.compile(r"^(\[?)[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d+ \d+ "), r"\1<GLOG> ", ":"),
+    (re.compile(r"\[\w{3} \w{3} +\d+ \d{2}:\d{2}:\d{2} \d{4}\]"), "<TS>", ":"),
+    (re.compile(r"^[\w.-]+:\d+:\d+ \[\d+\](?= NCCL )"), "<NCCL>", " NCCL "),
+    (re.compile(r"\b([a-z][a-z0-9+.-]*)://\S+"), r"\1://<URL>", "://"),
+    (re.compile(r"(?:/[\w.@+-]+){2,}/?"), "<P>", "/"),
+    (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b"), "<IP>", "."),
+    (re.compile(r"\b0x[0-9a-fA-F]+\b|\b[0-9a-f]{12,}\b"), "<H>", ""),
+    (re.compile(r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"), "<N>", ""),
+)
+_DIGITS = str.maketrans("123456789", "000000000")
+_MEMO_SIZE = 200_000
+_memo: dict[str, str] = {}
+_PLACEHOLDER_RE = {
+    "<TS>": r"(?:\d{4}-\d{2}-\d{2}[ T_]\d{2}:\d{2}:\d{2}(?:[.,]\d+)?|\[\w{3} \w{3} +\d+ \d{2}:\d{2}:\d{2} \d{4}\])",
+    "<GLOG>": r"[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d+ \d+", "<NCCL>": r"[\w.-]+:\d+:\d+ \[\d+\]", "<URL>": r"\S+", "<P>": r"(?:/[\w.@+-]+){2,}/?",
+    "<IP>": r"\d{1,3}(?:\.\d{1,3}){3}", "<H>": r"(?:0x[0-9a-fA-F]+|[0-9a-f]{12,})",
+    "<N>": r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?",
+}
+_PROGRESS = re.compile(r"^\s*\d{1,3}%\|.*\|\s*\d+/\d+\s*\[")
+_RULE_LINE = re.compile(r"^\s*([=*-])\1{9,}\s*$")
+# Error words: a template holding one is kept even if many failure types share it (watchdogs,
+# torchrun summaries); retrieval also uses them to pick a log's error region.
+ERROR_WORDS = re.compile(r"(?i)error|exception|traceback|fail|fatal|abort|killed|timeout|timed out|terminat|"
+                         r"\blost\b|unreachable|refused|reset by peer|denied|diverg|spike|\bnan\b|cancel|"
+                         r"evicted|notready|not ready")
+_TIMES = (
+    (re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T_](\d{2}):(\d{2}):(\d{2})(?:[.,](\d+))?"), "iso"),
+    (re.compile(r"^\[?[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d+)"), "glog"),
+    (re.compile(r"\[\w{3} (\w{3}) +(\d+) (\d{2}):(\d{2}):(\d{2}) (\d{4})\]"), "dmesg"),
+)
+_MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov",
+                                       "Dec"), 1)}
+
+
+def split_prefix(line: str) -> tuple[int | None, str]:
+    """(rank, rest) for a line with a torchrun `[rankN]:` / `[defaultN]:` prefix, else (None, line)."""
+    m = _PREFIX.match(line)
+    return (int(m.group(1)), line[m.end():]) if m else (None, line)
+
+
+def mask(body: str) -> str:
+    """The line's template: variable parts replaced by placeholders, whitespace collapsed.
+
+    Memoised on the line with every digit turned into 0: no mask depends on which digit a
+    position holds (only on where digits are and how many), so equal keys mean equal templates.
+    Routine lines differ mostly in their digits, which makes most lookups hits.
+    """
+    key = body.translate(_DIGITS)
+    template = _memo.get(key)
+    if template is None:
+        template = key
+        for pattern, repl, needle in _MASKS:
+            if needle in template:
+                template = pattern.sub(repl, template)
+        template = " ".join(template.split())
+        if len(_memo) >= _MEMO_SIZE:
+            _memo.clear()
+        _memo[key] = template
+    return template
+
+
+def template_regex(template: str) -> str:
+    """A regex matching the (prefix-stripped) lines whose template is `template`."""
+    parts = re.split(r"(<TS>|<GLOG>|<NCCL>|<URL>|<P>|<IP>|<H>|<N>)", template)
+    out = [(_PLACEHOLDER_RE[p] if p in _PLACEHOLDER_RE else r"\s+".join(map(re.escape, p.split(" "))))
+           for p in parts]
+    return r"^\s*" + "".join(out) + r"\s*$"
+
+
+def timestamp(body: str, year: int) -> float | None:
+    """Seconds since the epoch of a timestamp at the start of a line (ISO, glog or dmesg), if any."""
+    head = body[:64]
+    if ":" not in head:
+        return None
+    for pattern, kind in _TIMES:
+        m = pattern.search(head)
+        if m is None:
+            continue
+        g = m.groups()
+        try:
+            if kind == "iso":
+                return datetime(int(g[0]), int(g[1]), int(g[2]), int(g[3]), int(g[4]), int(g[5])).timestamp()
+            if kind == "glog":
+                return datetime(year, int(g[0]), int(g[1]), int(g[2]), int(g[3]), int(g[4])).timestamp()
+            return datetime(int(g[5]), _MONTHS.get(g[0], 1), int(g[1]), int(g[2]), int(g[3]), int(g[4])).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class FilterSet:
+    """Learned routine-line templates (and their regexes), with where they came from."""
+
+    templates: frozenset[str]
+    learned_from: str = ""
+    version: str = FILTERS_VERSION
+
+    def regexes(self) -> tuple[str, ...]:
+        """The filters as regexes over prefix-stripped lines (for people and other tools)."""
+        return tuple(template_regex(t) for t in sorted(self.templates))
+
+    def digest(self) -> str:
+        return hashlib.sha256("\n".join(sorted(self.templates)).encode()).hexdigest()[:16]
+
+    def to_json(self) -> dict[str, object]:
+        ordered = sorted(self.templates)
+        return {"version": self.version, "learned_from": self.learned_from, "templates": ordered,
+                "regexes": [template_regex(t) for t in ordered]}
+
+
+@dataclass(frozen=True, slots=True)
+class KeptLine:
+    number: int  # 1-based line number in the original log
+    rank: int | None
+    text: str  # the original line (progress-bar segments removed)
+    body: str  # without the launcher's rank prefix
+    template: str
+    time: float | None  # its own timestamp, else the last one seen before it
+
+
+@dataclass
+class CompressedLog:
+    kept: list[KeptLine] = field(default_factory=list)
+    lines_in: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    truncated: bool = False
+
+    @property
+    def ratio(self) -> float:
+        """Bytes in over bytes kept (higher is better)."""
+        return self.bytes_in / max(1, self.bytes_out)
+
+
+def compress(lines: Iterable[str], filters: FilterSet | None = None) -> CompressedLog:
+    """Keep the lines no filter removes, with their numbers, ranks and times; streams `lines`."""
+    routine = (filters or packaged_filters()).templates
+    out = CompressedLog()
+    now: float | None = None
+    year = 1970
+    for number, raw in enumerate(lines, 1):
+        line = raw.rstrip("\n")
+        out.lines_in = number
+        out.bytes_in += len(line) + 1
+        if "\r" in line:
+            line = "".join(seg for seg in line.split("\r") if not _PROGRESS.match(split_prefix(seg)[1]))
+        rank, body = split_prefix(line)
+        if not body.strip() or _RULE_LINE.match(body) or _PROGRESS.match(body):
+            continue
+        t = timestamp(body, year)
+        if t is not None:
+            now = t
+            year = datetime.fromtimestamp(t).year
+        template = mask(body)
+        if template in routine:
+            continue
+        if len(out.kept) >= MAX_KEPT:
+            out.truncated = True
+            continue
+        out.kept.append(KeptLine(number, rank, line, body, template, now))
+        out.bytes_out += len(line) + 1
+    return out
+
+
+# -- learning ----------------------------------------------------------------------------------
+def learn_filters(logs: Iterable[object], *, min_types: int = MIN_TYPES) -> FilterSet:
+    """Routine templates from labelled logs (`corpus.LabelledLog`s of the training split only)."""
+    from loom.diagnosis.corpus import HEALTHY
+    from loom.diagnosis.rules import classify_line
+
+    healthy: set[str] = set()
+    types: dict[str, set[str]] = defaultdict(set)
+    example: dict[str, str] = {}
+    n_logs, names = 0, set()
+    for log in logs:
+        n_logs += 1
+        names.add(log.template)  # type: ignore[attr-defined]
+        seen: set[str] = set()
+        for raw in log.lines:  # type: ignore[attr-defined]
+            body = split_prefix(raw)[1]
+            if "\r" in body or not body.strip():
+                continue
+            t = mask(body)
+            if t in seen:
+                continue
+            seen.add(t)
+            example.setdefault(t, body)
+            if log.error_type == HEALTHY:  # type: ignore[attr-defined]
+                healthy.add(t)
+            else:
+                types[t].add(log.error_type)  # type: ignore[attr-defined]
+    shared = {t for t, ts in types.items() if len(ts) >= min_types and not ERROR_WORDS.search(t)}
+    keep = frozenset(t for t in healthy | shared if classify_line(example[t]) is None)
+    return FilterSet(keep, f"corpus v{_corpus_version()} training split: {n_logs} logs of {len(names)} templates")
+
+
+def _corpus_version() -> str:
+    from loom.diagnosis.corpus import GENERATOR_VERSION
+
+    return GENERATOR_VERSION
+
+
+def filters_from_json(data: dict[str, object]) -> FilterSet:
+    templates = data.get("templates")
+    if not isinstance(templates, list) or not all(isinstance(t, str) for t in templates):
+        raise ValueError("filters.json: 'templates' must be a list of strings")
+    return FilterSet(frozenset(templates), str(data.get("learned_from", "")), str(data.get("version", "")))
+
+
+@functools.cache
+def packaged_filters() -> FilterSet:
+    """The filters shipped in data/filters.json (learned from the corpus's training split)."""
+    ref = resources.files("loom.diagnosis").joinpath("data/filters.json")
+    try:
+        text = ref.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return FilterSet(frozenset(), "none (data/filters.json missing: only the built-in filters apply)")
+    return filters_from_json(json.loads(text))
+
+
+def write_filters(filters: FilterSet, path: Path) -> None:
+    path.write_text(json.dumps(filters.to_json(), indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def relearn(path: Path | None = None) -> FilterSet:
+    """Relearn the packaged filters from the corpus's training split (`bench/diagnosis.py --learn-filters`)."""
+    from loom.diagnosis.corpus import generate
+
+    filters = learn_filters(generate("train"))
+    write_filters(filters, path or Path(__file__).with_name("data") / "filters.json")
+    return filters
