@@ -119,7 +119,8 @@ def test_a_crashing_job_fails_and_is_counted_as_a_backend_error(served, tmp_path
         transitions = c.explain("bad")["transitions"]
         # the recovery pipeline read its log: no known error, so it is not retried blindly
         assert [t["new"] for t in transitions[-2:]] == ["RECOVERING", "FAILED"]
-        assert "not retried" in transitions[-1]["event"] and "about to fail" in transitions[-1]["event"]
+        assert "not retried" in transitions[-1]["event"] and "exit status 3" in transitions[-1]["event"]
+        assert "unknown/Unknown" in transitions[-1]["event"]
     import httpx
 
     metrics = httpx.get(f"{s.url}/metrics").text

@@ -540,6 +540,474 @@ def _healthy_resumed(c: Ctx) -> None:
     start_job(c, routine_steps(c) // 3)
 
 
+# ----------------------------------------------------------- blind test templates (set 2) ----
+# Written after the first 19 test templates had been used while tuning, without looking at the
+# rules, filters or retrieval store; test split only, so the training split (and everything built
+# from it) is unchanged.
+_TORCH = "/usr/local/lib/python3.10/dist-packages/torch"
+_RERAISE = ((f"{_TORCH}/utils/data/dataloader.py", 1346, "_next_data", "return self._process_data(data)"),
+            (f"{_TORCH}/utils/data/dataloader.py", 1372, "_process_data", "data.reraise()"),
+            (f"{_TORCH}/_utils.py", 705, "reraise", "raise exception"))
+_WORKER = ((f"{_TORCH}/utils/data/_utils/worker.py", 308, "_worker_loop", "data = fetcher.fetch(index)"),
+           (f"{_TORCH}/utils/data/_utils/fetch.py", 51, "fetch",
+            "data = [self.dataset[idx] for idx in possibly_batched_index]"),
+           (f"{_TORCH}/utils/data/_utils/fetch.py", 51, "<listcomp>",
+            "data = [self.dataset[idx] for idx in possibly_batched_index]"))
+
+
+def _frames(p: str, frames: tuple[tuple[str, int, str, str], ...]) -> sc.Stream:
+    out: sc.Stream = []
+    for path, line, fn, code in frames:
+        out.append((f'{p}  File "{path}", line {line}, in {fn}', False))
+        out.append((f"{p}    {code}", False))
+    return out
+
+
+def _worker_error(c: Ctx, rank: int, exc: str, inner: tuple[tuple[str, int, str, str], ...], inner_exc: str, *,
+                  outer_root: bool, inner_root: bool) -> sc.Stream:
+    """A DataLoader worker's exception as the main process re-raises it (outer + 'Original Traceback')."""
+    p = c.p(rank)
+    s: sc.Stream = [(f"{p}Traceback (most recent call last):", False)]
+    s += _frames(p, sc.FRAMES["data"][:3] + _RERAISE)
+    s.append((f"{p}{exc}: Caught {exc} in DataLoader worker process {c.rng.randrange(8)}.", outer_root))
+    s.append((f"{p}Original Traceback (most recent call last):", False))
+    s += _frames(p, _WORKER + inner)
+    s.append((f"{p}{inner_exc}", inner_root))
+    return s
+
+
+def _rank_dies(c: Ctx, bad: int, stream: sc.Stream, exitcode: int = 1) -> None:
+    """`bad` prints `stream` and exits; its peers time out or see it go; torchrun reports."""
+    c.tick(2)
+    c.merge([stream])
+    others = c.other_ranks(bad)
+    if c.rng.random() < 0.5:
+        sc.watchdogs(c, others)
+    else:
+        sc.remote_exits(c, others)
+    sc.sigterms(c, others[: c.rng.randrange(1, len(others) + 1)])
+    sc.torchrun_summary(c, bad, exitcode)
+
+
+def _glog_r(c: Ctx, level: str, rank: int) -> str:
+    return f"{level}{c.clock.strftime('%m%d %H:%M:%S')}.{c.clock.microsecond:06d} {c.pids[rank]}"
+
+
+def _syslog(c: Ctx, host: str) -> str:
+    """The prefix of a kernel line from the node's syslog, as the node agent forwards it into the job log."""
+    c.tick(0.5)
+    uptime = 86400.0 * (sum(map(ord, host)) % 40 + 3) + (c.clock - c.clock.replace(day=1, hour=0, minute=0, second=0,
+                                                                                    microsecond=0)).total_seconds()
+    return f"{c.clock.strftime('%b %d %H:%M:%S')} {host} kernel: [{uptime:.6f}] "
+
+
+def _bus(rank: int) -> str:
+    return f"0000:{0x18 + (rank % 8) * 0x10:02x}:00"
+
+
+def _cpp_frames(c: Ctx, rank: int, funcs: tuple[tuple[str, str], ...]) -> sc.Stream:
+    p = c.p(rank)
+    out: sc.Stream = []
+    for i, (fn, lib) in enumerate(funcs):
+        where = f"{_TORCH}/lib" if lib.startswith(("libc10", "libtorch")) else "/lib/x86_64-linux-gnu"
+        out.append(((f"{p}frame #{i}: {fn} + 0x{c.rng.randrange(0x20, 0x900):x} (0x7f{c.rng.getrandbits(40):010x} "
+                    f"in {where}/{lib})"), False))
+    return out
+
+
+_WATCHDOG_CPP = (("c10::Error::Error(c10::SourceLocation, std::string)", "libc10.so"),
+                 ("c10::cuda::c10_cuda_check_implementation(int, char const*, char const*, int, bool)",
+                  "libc10_cuda.so"),
+                 ("c10d::ProcessGroupNCCL::WorkNCCL::finishedGPUExecutionInternal() const", "libtorch_cuda.so"),
+                 ("c10d::ProcessGroupNCCL::WorkNCCL::isCompleted()", "libtorch_cuda.so"),
+                 ("c10d::ProcessGroupNCCL::watchdogHandler()", "libtorch_cuda.so"),
+                 ("c10d::ProcessGroupNCCL::ncclCommWatchdog()", "libtorch_cuda.so"),
+                 ("<unknown function>", "libstdc++.so.6"),
+                 ("<unknown function>", "libc.so.6"),
+                 ("clone", "libc.so.6"))
+
+
+@template("cuda-xid79-off-bus", "CUDAError", "test")
+def _cuda_off_bus(c: Ctx) -> None:
+    """A GPU drops off the PCIe bus: Xid 79 in syslog, the rank sees an 'unknown error', the epilog can't find it."""
+    start_job(c, routine_steps(c))
+    bad = _bad(c)
+    host, bus = c.host(bad), _bus(bad)
+    c.tick(30)
+    c.add_root(f"{_syslog(c, host)}NVRM: GPU {bus}.0: GPU has fallen off the bus.")
+    c.add(f"{_syslog(c, host)}NVRM: GPU at PCI:{bus}: GPU-{c.rng.getrandbits(32):08x}-{c.rng.getrandbits(16):04x}-"
+          f"{c.rng.getrandbits(16):04x}-{c.rng.getrandbits(16):04x}-{c.rng.getrandbits(48):012x}")
+    c.add(f"{_syslog(c, host)}NVRM: GPU Board Serial Number: 1{c.rng.randrange(10**12, 10**13)}")
+    c.add_root(f"{_syslog(c, host)}NVRM: Xid (PCI:{bus}): 79, pid='<unknown>', name=<unknown>, GPU has fallen off "
+               "the bus.")
+    c.add(f"{_syslog(c, host)}NVRM: A GPU crash dump has been created. If possible, please run")
+    c.add(f"{_syslog(c, host)}NVRM: nvidia-bug-report.sh as root to collect this data before")
+    c.add(f"{_syslog(c, host)}NVRM: the NVIDIA kernel module is unloaded.")
+    p = c.p(bad)
+    stream = sc.traceback(c, bad, "step", ["RuntimeError: CUDA error: unknown error",
+                                            ("CUDA kernel errors might be asynchronously reported at some other API "
+                                             "call, so the stacktrace below might be incorrect."),
+                                            "For debugging consider passing CUDA_LAUNCH_BLOCKING=1."])
+    stream.insert(0, ((f"{p}[W CUDAGuardImpl.h:118] Warning: CUDA warning: unknown error (function "
+                      "destroyEvent)"), False))
+    _rank_dies(c, bad, stream)
+    c.add(f"[{c.ts()}] [epilog] {host}: running nvidia-smi health check")
+    c.add_root(f"[{c.ts()}] [epilog] {host}: Unable to determine the device handle for GPU{bus.upper()}.0: Unknown "
+               "Error")
+
+
+@template("ecc-xid95-watchdog", "ECCError", "test")
+def _ecc_xid95(c: Ctx) -> None:
+    """An uncontained ECC error (Xid 95); the rank's NCCL watchdog thread dies with a C++ stack, no Python one."""
+    start_job(c, routine_steps(c))
+    bad = _bad(c)
+    host, bus, p = c.host(bad), _bus(bad), c.p(bad)
+    c.tick(5)
+    c.add_root(f"{_syslog(c, host)}NVRM: Xid (PCI:{bus}): 95, pid={c.pids[bad]}, name=python3, Uncontained: FBHUB. "
+               "RST: Yes, D-RST: No")
+    for r in c.rng.sample([x for x in range(c.world) if x // 8 == bad // 8 and x != bad], k=c.rng.randrange(0, 3)):
+        c.add(f"{_syslog(c, host)}NVRM: Xid (PCI:{_bus(r)}): 94, pid={c.pids[r]}, name=python3, Contained: SM "
+              "(0x1). RST: No, D-RST: No")
+    c.tick(1)
+    g = _glog_r(c, "E", bad)
+    stream: sc.Stream = [
+        ((f"{p}[{g} ProcessGroupNCCL.cpp:1414] [PG 0 Rank {bad}] Process group watchdog thread terminated with "
+         "exception: CUDA error: uncorrectable ECC error encountered"), True),
+        ((f"{p}CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below "
+         "might be incorrect."), False),
+        (f"{p}For debugging consider passing CUDA_LAUNCH_BLOCKING=1.", False),
+        (f"{p}Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.", False),
+        (f"{p}", False),
+        ((f"{p}Exception raised from c10_cuda_check_implementation at ../c10/cuda/CUDAException.cpp:43 (most recent "
+         "call first):"), False)]
+    stream += _cpp_frames(c, bad, _WATCHDOG_CPP)
+    stream += [(f"{p}", False),
+               (f"{p}terminate called after throwing an instance of 'c10::DistBackendError'", False),
+               ((f"{p}  what():  [PG 0 Rank {bad}] Process group watchdog thread terminated with exception: CUDA "
+                "error: uncorrectable ECC error encountered"), True)]
+    _rank_dies(c, bad, stream, -6)
+
+
+@template("nvlink-nvswitch-sxid", "NVLinkError", "test")
+def _nvlink_sxid(c: Ctx) -> None:
+    """An NVSwitch link fault on one node: SXid + fabric manager lines, then every rank hangs and times out."""
+    start_job(c, routine_steps(c))
+    node = c.rng.randrange(len(c.hosts))
+    host = c.hosts[node]
+    sw, link = c.rng.randrange(4), c.rng.randrange(64)
+    sbus = f"0000:{c.rng.choice((0x05, 0x06, 0x07, 0x08)):02x}:00.0"
+    c.tick(20)
+    c.add_root(f"{_syslog(c, host)}nvidia-nvswitch{sw}: SXid (PCI:{sbus}): 20034, Fatal, Link {link:02d} LTSSM "
+               "Fault Up")
+    c.add(f"{_syslog(c, host)}nvidia-nvswitch{sw}: SXid (PCI:{sbus}): 20034, Severity 5 Engine instance {link:02d} "
+          "Sub-engine instance 00")
+    c.add(f"{_syslog(c, host)}nvidia-nvswitch{sw}: SXid (PCI:{sbus}): 20034, Data {{0x{c.rng.getrandbits(32):08x}, "
+          f"0x{c.rng.getrandbits(32):08x}, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000, 0x00000000}}")
+    c.add_root(f"[{c.clock.strftime('%b %d %Y %H:%M:%S')}] [ERROR] [tid {c.rng.randrange(1000, 9999)}] "
+               f"nv-fabricmanager on {host}: detected NVSwitch fatal error 20034 on fid 0 on NVSwitch pci bus id "
+               f"0000{sbus} physical id {sw} port {link}")
+    c.add(f"[{c.clock.strftime('%b %d %Y %H:%M:%S')}] [INFO] [tid {c.rng.randrange(1000, 9999)}] "
+          f"nv-fabricmanager on {host}: NVSwitch fatal error; GPUs attached to the partition need a reset")
+    sc.watchdogs(c, range(c.world), op=c.rng.choice(("REDUCE_SCATTER", "ALLREDUCE", "_ALLGATHER_BASE")))
+    sc.sigterms(c, [r for r in range(c.world) if r % 3 == 0])
+    sc.torchrun_summary(c, node * 8, -6)
+
+
+@template("nccl-heartbeat-monitor", "NCCLTimeout", "test")
+def _nccl_heartbeat(c: Ctx) -> None:
+    """A hang seen by torch>=2.3's heartbeat monitor instead of the watchdog's collective timeout."""
+    start_job(c, routine_steps(c))
+    c.tick(600)
+    hb = c.rng.choice((480, 600))
+    ranks = sorted(c.rng.sample(range(c.world), k=c.rng.randrange(max(2, c.world // 4), c.world + 1)))
+    streams = []
+    for r in ranks:
+        p = c.p(r)
+        streams.append([
+            ((f"{p}[{_glog_r(c, 'E', r)} ProcessGroupNCCL.cpp:1316] [PG 0 Rank {r}] Heartbeat monitor timed out! "
+             "Process will be terminated after dumping debug info. workMetaList_.size()=1"), True),
+            ((f"{p}[{_glog_r(c, 'E', r)} ProcessGroupNCCL.cpp:1153] [PG 0 Rank {r}] ProcessGroupNCCL preparing to dump "
+             "debug info."), False),
+            ((f"{p}[{_glog_r(c, 'F', r)} ProcessGroupNCCL.cpp:1169] [PG 0 Rank {r}] [PG 0 Rank {r}] ProcessGroupNCCL's "
+             f"watchdog got stuck for {hb} seconds without making progress in monitoring enqueued collectives. This "
+             "typically indicates a NCCL/CUDA API hang blocking the watchdog, and could be triggered by another "
+             "thread holding the GIL inside a CUDA api, or other deadlock-prone behaviors.If you suspect the "
+             "watchdog is not actually stuck and a longer timeout would help, you can either increase the timeout "
+             "(TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC) to a larger value or disable the heartbeat monitor "
+             "(TORCH_NCCL_ENABLE_MONITORING=0).If either of aforementioned helps, feel free to file an issue to "
+             "PyTorch about the short timeout or false positive abort; otherwise, please attempt to debug the hang. "
+             "workMetaList_.size() = 1"), True)])
+    c.merge(streams)
+    c.add(f"{c.glog('W')} torch/distributed/elastic/multiprocessing/api.py:858] Sending process "
+          f"{c.pids[ranks[-1]]} closing signal SIGTERM")
+    sc.torchrun_summary(c, ranks[0], -6)
+
+
+@template("nccl-socket-reset", "NCCLRemoteError", "test")
+def _nccl_socket(c: Ctx) -> None:
+    """NCCL's socket transport loses its peer mid-collective; the watchdog aborts the communicator."""
+    start_job(c, routine_steps(c))
+    bad = _bad(c)
+    peer = (bad + 8) % c.world if c.world > 8 else (bad + 1) % c.world
+    h, pid, p, lr = c.host(bad), c.pids[bad], c.p(bad), bad % 8
+    tid = pid + c.rng.randrange(100, 400)
+    port = c.rng.randrange(30000, 60000)
+    c.tick(3)
+    warn = f"socketProgressOpt: Call to recv from {c.ip(peer)}<{port}> failed : Connection reset by peer"
+    c.add_root(f"{p}{h}:{pid}:{tid} [{lr}] misc/socket.cc:49 NCCL WARN {warn}")
+    for where in ("misc/socket.cc:64", "misc/socket.cc:80", "transport/net_socket.cc:474", "transport/net.cc:1302",
+                  "proxy.cc:698"):
+        c.add(f"{p}{h}:{pid}:{tid} [{lr}] NCCL INFO {where} -> 6")
+    c.add(f"{p}{h}:{pid}:{tid} [{lr}] NCCL INFO proxy.cc:878 -> 6 [Progress Thread]")
+    c.tick(2)
+    g = _glog_r(c, "E", bad)
+    stream: sc.Stream = [
+        ((f"{p}[{g} ProcessGroupNCCL.cpp:1414] [PG 0 Rank {bad}] Process group watchdog thread terminated with "
+         "exception: NCCL error: remote process exited or there was a network error, NCCL version 2.20.5"), False),
+        ((f"{p}ncclRemoteError: A call failed possibly due to a network error or a remote process exiting "
+         "prematurely."), False),
+        (f"{p}Last error:", False),
+        (f"{p}{warn}", True),
+        ((f"{p}Exception raised from checkForNCCLErrorsInternal at ../torch/csrc/distributed/c10d/"
+         "ProcessGroupNCCL.cpp:1723 (most recent call first):"), False)]
+    stream += _cpp_frames(c, bad, (("c10::Error::Error(c10::SourceLocation, std::string)", "libc10.so"),
+                                   (("c10d::ProcessGroupNCCL::checkForNCCLErrorsInternal(std::shared_ptr<c10d::"
+                                    "NCCLComm>&)"), "libtorch_cuda.so"),
+                                   ("c10d::ProcessGroupNCCL::watchdogHandler()", "libtorch_cuda.so"),
+                                   ("c10d::ProcessGroupNCCL::ncclCommWatchdog()", "libtorch_cuda.so"),
+                                   ("<unknown function>", "libstdc++.so.6"), ("<unknown function>", "libc.so.6")))
+    stream.append((f"{p}terminate called after throwing an instance of 'c10::DistBackendError'", False))
+    c.merge([stream])
+    others = c.other_ranks(bad)
+    sc.watchdogs(c, others[: c.rng.randrange(1, len(others) + 1)])
+    sc.sigterms(c, others)
+    sc.torchrun_summary(c, bad, -6)
+
+
+@template("storage-quota-dcp", "StorageError", "test")
+def _storage_quota(c: Ctx) -> None:
+    """A distributed checkpoint save runs into the file-system quota; every rank raises CheckpointException."""
+    start_job(c, routine_steps(c))
+    where = c.path("ckpt", c.run, f"iter_{c.iteration:07d}")
+    c.add(f"{c.p(0)}saving checkpoint at iteration {c.iteration:>8} to {where} in torch_dist format")
+    c.tick(40)
+    failed = sorted(c.rng.sample(range(c.world), k=c.rng.randrange(1, min(8, c.world) + 1)))
+    dcp = f"{_TORCH}/distributed/checkpoint"
+    inner = ((f"{dcp}/utils.py", 204, "reduce_scatter", "local_data = map_fun()"),
+             (f"{dcp}/state_dict_saver.py", 297, "write_data", ("all_writes = storage_writer.write_data(final_local_plan, "
+                                                               "planner)")),
+             (f"{dcp}/filesystem.py", 542, "write_data", "_write_files_from_queue("),
+             (f"{dcp}/filesystem.py", 339, "_write_files_from_queue", ("_write_item(stream, data, write_item, "
+                                                                      "storage_key)")),
+             (f"{dcp}/filesystem.py", 258, "_write_item", "torch.save(data, stream)"),
+             (f"{_TORCH}/serialization.py", 629, "save", ("_save(obj, opened_zipfile, pickle_module, pickle_protocol, "
+                                                         "_disable_byteorder_record)")),
+             (f"{_TORCH}/serialization.py", 863, "_save", "zip_file.write_record(name, storage, num_bytes)"))
+    streams = []
+    for r in range(c.world):
+        p = c.p(r)
+        s = sc.traceback(c, r, "dcp", [(f"torch.distributed.checkpoint.api.CheckpointException: CheckpointException "
+                                       f"ranks:dict_keys({failed})")], root=False)
+        for _ in failed[:2]:
+            s.append((f"{p}Traceback: (most recent call last):", False))
+            s += _frames(p, inner)
+            s.append((f"{p}OSError: [Errno 122] Disk quota exceeded", True))
+            s.append((f"{p}", False))
+        streams.append(s)
+    c.merge(streams[: c.rng.randrange(1, c.world + 1)])
+    sc.torchrun_summary(c, 0)
+
+
+@template("storage-lustre-evicted", "StorageError", "test")
+def _storage_evicted(c: Ctx) -> None:
+    """The Lustre client loses an OST and is evicted; a DataLoader worker's read fails with ESHUTDOWN."""
+    start_job(c, routine_steps(c))
+    bad = _bad(c)
+    host = c.host(bad)
+    fs = c.rng.choice(("lustre", "scratch", "petrel"))
+    ost = f"{fs}-OST{c.rng.randrange(0, 0x60):04x}"
+    osc = f"{ost}-osc-ffff{c.rng.getrandbits(40):010x}"
+    nid = f"10.{c.rng.randrange(1, 250)}.{c.rng.randrange(250)}.{c.rng.randrange(2, 250)}@o2ib"
+    c.tick(60)
+    c.add(f"{_syslog(c, host)}Lustre: {osc}: Connection to {ost} (at {nid}) was lost; in progress operations using "
+          "this service will wait for recovery to complete")
+    c.add_root(f"{_syslog(c, host)}LustreError: 11-0: {osc}: operation ost_read to node {nid} failed: rc = -107")
+    c.add_root(f"{_syslog(c, host)}LustreError: 167-0: {osc}: This client was evicted by {ost}; in progress "
+               "operations using this service will fail.")
+    train_steps(c, c.rng.randrange(0, 2))
+    shard = f"{c.path('data', 'tokens')}/shard_{c.rng.randrange(10**4):05d}.bin"
+    inner = (("/workspace/data/indexed_dataset.py", 512, "__getitem__", "return self._read(idx)"),
+             ("/workspace/data/indexed_dataset.py", 538, "_read", ("buf = np.fromfile(f, dtype=self._dtype, "
+                                                                   "count=length)")))
+    stream = _worker_error(c, bad, "OSError", inner, f"OSError: [Errno 108] Cannot send after transport endpoint "
+                           f"shutdown: '{shard}'", outer_root=False, inner_root=True)
+    _rank_dies(c, bad, stream)
+    c.add(f"{_syslog(c, host)}Lustre: {osc}: Connection restored to {ost} (at {nid})")
+
+
+@template("conn-mlflow-503", "ConnectionError", "test")
+def _conn_mlflow(c: Ctx) -> None:
+    """The experiment tracker answers 503s until the HTTP client gives up; the logging rank dies."""
+    start_job(c, routine_steps(c))
+    bad = c.rng.choice((0, c.world - 1))
+    host = c.rng.choice(("mlflow.acme.internal", "tracking.ml.acme.internal"))
+    url = "/api/2.0/mlflow/runs/log-batch"
+    c.tick(c.rng.uniform(30, 120))
+    stream = sc.traceback(c, bad, "log", [
+        (f"mlflow.exceptions.MlflowException: API request to http://{host}:5000{url} failed with exception "
+         f"HTTPConnectionPool(host='{host}', port=5000): Max retries exceeded with url: {url} (Caused by "
+         "ResponseError('too many 503 error responses'))")])
+    _rank_dies(c, bad, stream)
+
+
+@template("oom-cgroup-dataloader", "OOM", "test")
+def _oom_cgroup(c: Ctx) -> None:
+    """The pod's memory cgroup kills a DataLoader worker; the rank only reports the worker's SIGKILL."""
+    start_job(c, routine_steps(c))
+    bad = _bad(c)
+    host, p = c.host(bad), c.p(bad)
+    wpid = c.pids[bad] + c.rng.randrange(10, 500)
+    c.tick(10)
+    c.add_root(f"{_syslog(c, host)}python3 invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0, oom_score_adj=0")
+    limit = c.rng.choice((268435456, 536870912, 1073741824))
+    c.add(f"{_syslog(c, host)}memory: usage {limit}kB, limit {limit}kB, failcnt {c.rng.randrange(1, 3000)}")
+    c.add_root(f"{_syslog(c, host)}Memory cgroup out of memory: Killed process {wpid} (python3) total-vm:"
+               f"{c.rng.randrange(10**8, 3 * 10**8)}kB, anon-rss:{c.rng.randrange(10**7, 6 * 10**7)}kB, file-rss:"
+               f"{c.rng.randrange(10**4, 10**6)}kB, shmem-rss:{c.rng.randrange(10**5, 10**7)}kB, UID:0 pgtables:"
+               f"{c.rng.randrange(10**4, 10**6)}kB oom_score_adj:0")
+    c.tick(1)
+    s: sc.Stream = [(f"{p}Traceback (most recent call last):", False)]
+    s += _frames(p, ((f"{_TORCH}/utils/data/dataloader.py", 1133, "_try_get_data",
+                      "data = self._data_queue.get(timeout=timeout)"),
+                     ("/usr/lib/python3.10/multiprocessing/queues.py", 113, "get", "if not self._poll(timeout):"),
+                     (f"{_TORCH}/utils/data/_utils/signal_handling.py", 66, "handler", "_error_if_any_worker_fails()")))
+    s.append((f"{p}RuntimeError: DataLoader worker (pid {wpid}) is killed by signal: Killed. ", False))
+    s += [(f"{p}", False), (f"{p}The above exception was the direct cause of the following exception:", False),
+          (f"{p}", False), (f"{p}Traceback (most recent call last):", False)]
+    s += _frames(p, sc.FRAMES["data"][:3] + ((f"{_TORCH}/utils/data/dataloader.py", 1329, "_next_data",
+                                              "idx, data = self._get_data()"),
+                                             (f"{_TORCH}/utils/data/dataloader.py", 1146, "_try_get_data",
+                                              ("raise RuntimeError(f'DataLoader worker (pid(s) {pids_str}) exited "
+                                              "unexpectedly') from e"))))
+    s.append((f"{p}RuntimeError: DataLoader worker (pid(s) {wpid}) exited unexpectedly", False))
+    _rank_dies(c, bad, s)
+
+
+@template("rt-ddp-unused-params", "RuntimeError", "test")
+def _rt_ddp_unused(c: Ctx) -> None:
+    """DDP's reducer finds parameters without gradients at the second iteration, on every rank."""
+    start_job(c, c.rng.randrange(1, 4))
+    c.tick(1)
+    idx = sorted(c.rng.sample(range(100, 400), k=c.rng.randrange(1, 4)))
+    ranks = list(range(c.world))
+    if c.rng.random() < 0.3:
+        ranks = sorted(c.rng.sample(ranks, k=max(1, c.world // 2)))
+    c.merge([sc.traceback(c, r, "step", [
+        ("RuntimeError: Expected to have finished reduction in the prior iteration before starting a new one. This "
+         "error indicates that your module has parameters that were not used in producing loss. You can enable "
+         "unused parameter detection by passing the keyword argument `find_unused_parameters=True` to "
+         "`torch.nn.parallel.DistributedDataParallel`, and by "),
+        "making sure all `forward` function outputs participate in calculating loss. ",
+        ("If you already have done the above, then the distributed data parallel module wasn't able to locate the "
+         "output tensors in the return value of your module's `forward` function. Please include the loss function "
+         "and the structure of the return value of `forward` of your module when reporting this issue (e.g. list, "
+         "dict, iterable)."),
+        f"Parameter indices which did not receive grad for rank {r}: {' '.join(map(str, idx))}",
+        (" In addition, you can set the environment variable TORCH_DISTRIBUTED_DEBUG to either INFO or DETAIL to "
+         "print out information about which particular parameters did not receive gradient on this rank as part "
+         "of this error")]) for r in ranks])
+    sc.sigterms(c, [r for r in range(c.world) if r not in ranks])
+    sc.torchrun_summary(c, ranks[0])
+
+
+@template("import-undefined-symbol", "ImportError", "test")
+def _import_symbol(c: Ctx) -> None:
+    """A compiled extension built against another torch: the import fails with an undefined C++ symbol."""
+    so, sym = c.rng.choice((("fused_layer_norm_cuda", "_ZN3c1015SmallVectorBaseIjE8grow_podEPKvmm"),
+                            ("fused_layer_norm_cuda", "_ZN3c106detail14torchCheckFailEPKcS2_jRKSs")))
+    _everyone_fails(c, [(f"ImportError: /usr/local/lib/python3.10/dist-packages/{so}.cpython-310-x86_64-linux-gnu.so:"
+                        f" undefined symbol: {sym}")], site="import", at_start=True)
+
+
+@template("key-dataloader-column", "KeyError", "test")
+def _key_column(c: Ctx) -> None:
+    """The dataset lacks the column the collate step expects; every rank's worker raises KeyError."""
+    start_job(c, c.rng.randrange(0, 10))
+    c.tick(1)
+    col = c.rng.choice(("input_ids", "labels", "attention_mask"))
+    inner = (("/workspace/sft/data.py", 88, "__getitem__", f'ids = sample["{col}"]'),)
+    ranks = list(range(c.world))
+    if c.rng.random() < 0.3:
+        ranks = sorted(c.rng.sample(ranks, k=max(1, c.world // 2)))
+    c.merge([_worker_error(c, r, "KeyError", inner, f"KeyError: '{col}'", outer_root=True, inner_root=True)
+             for r in ranks])
+    sc.sigterms(c, [r for r in range(c.world) if r not in ranks])
+    sc.torchrun_summary(c, ranks[0], script="train_sft.py")
+
+
+@template("fnf-datasets-pattern", "FileNotFoundError", "test")
+def _fnf_pattern(c: Ctx) -> None:
+    """HF datasets resolves a data_files glob that matches nothing on the nodes."""
+    pattern = c.path("data", "sft", c.rng.choice(("train-*.jsonl", "train/*.parquet", "mix_v3/*.json")))
+    _everyone_fails(c, [f"FileNotFoundError: Unable to find '{pattern}'"], site="hfds", at_start=True)
+
+
+@template("syntax-indent-config", "SyntaxError", "test")
+def _syntax_indent(c: Ctx) -> None:
+    """An imported config module does not parse: IndentationError (a SyntaxError) with the import frame above it."""
+    from loom.diagnosis.logsim import launcher_preamble
+
+    launcher_preamble(c)
+    line = c.rng.randrange(20, 200)
+    mod = c.rng.choice(("llama_sft", "pretrain_7b", "mix_v3"))
+    code = c.rng.choice(("warmup_steps=2000,", "lr_decay_style = 'cosine'", "return cfg"))
+    msg = c.rng.choice(("unexpected indent", "unindent does not match any outer indentation level"))
+    streams = []
+    for r in range(c.world):
+        p = c.p(r)
+        streams.append([(f"{p}Traceback (most recent call last):", False),
+                        (f'{p}  File "/workspace/{c.user}/train.py", line 14, in <module>', False),
+                        (f"{p}    from configs.{mod} import get_config", False),
+                        (f'{p}  File "/workspace/{c.user}/configs/{mod}.py", line {line}', False),
+                        (f"{p}    {code}", False),
+                        (f"{p}IndentationError: {msg}", True)])
+    c.merge(streams)
+    sc.torchrun_summary(c, 0, script="train.py")
+
+
+@template("loss-scale-minimum", "LossSpike", "test")
+def _loss_scale_min(c: Ctx) -> None:
+    """fp16 training diverges: loss jumps, every step overflows, DeepSpeed's loss scaler hits its floor."""
+    c.style = "deepspeed"
+    start_job(c, routine_steps(c))
+    p = c.p(0)
+    loss = c.rng.uniform(2.0, 2.6)
+    for _ in range(c.rng.randrange(3, 7)):
+        c.iteration += 1
+        c.tick(4)
+        loss = min(loss * c.rng.uniform(1.3, 2.0), c.rng.uniform(11, 13))
+        c.add(f"{p}steps: {c.iteration} loss: {loss:.4f} iter time (s): {c.rng.uniform(3, 9):.3f} "
+              f"samples/sec: {c.rng.uniform(100, 300):.3f}")
+    scale = 2 ** c.rng.randrange(12, 17)
+    while scale > 1:
+        c.iteration += 1
+        c.tick(4)
+        c.add(f"{p}[{c.ts()}] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank 0 Skipping step. "
+              f"Attempted loss scale: {scale}, reducing to {scale // 2}")
+        c.add(f"{p}[{c.ts()}] [INFO] [logging.py:96:log_dist] [Rank 0] step={c.iteration}, skipped="
+              f"{c.rng.randrange(1, 40)}, lr=[{c.rng.uniform(1e-5, 3e-4):.8f}], mom=[(0.9, 0.95)]")
+        scale //= 2
+    c.iteration += 1
+    c.tick(4)
+    c.add(f"{p}[{c.ts()}] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank 0 Skipping step. "
+          "Attempted loss scale: 1, reducing to 1")
+    ranks = list(range(c.world)) if c.rng.random() < 0.5 else [0]
+    c.merge([sc.traceback(c, r, "ds_step", [("Exception: Current loss scale already at minimum - cannot decrease "
+                                             "scale anymore. Exiting run.")]) for r in ranks])
+    sc.sigterms(c, [r for r in range(c.world) if r not in ranks])
+    sc.torchrun_summary(c, 0)
+
+
 # -------------------------------------------------------------------------- generation ----
 def render(t: Template, index: int, seed: int = 0) -> LabelledLog:
     """Log number `index` of template `t` (deterministic in seed, template and index)."""

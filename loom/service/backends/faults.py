@@ -144,8 +144,7 @@ class Faults:
                 return JobDiagnosed(d.job_id, now, "infrastructure", "NCCLTimeout", True,
                                     f"{cause}; no error in its log: a collective never returned on some rank",
                                     "localise the faulty node and restart without it", ticket)
-            return JobDiagnosed(d.job_id, now, "unknown", "Unknown", False,
-                                f"no known error in its log ({cause.splitlines()[0] if cause else 'no cause'})",
+            return JobDiagnosed(d.job_id, now, "unknown", "Unknown", False, f"no known error in its log ({_gist(cause)})",
                                 "read the job's log; resubmit once the cause is fixed", ticket)
         root = " | ".join(line.strip() for line in result.root_cause_lines[:2])
         return JobDiagnosed(d.job_id, now, result.category, result.error_type, bool(result.recoverable),
@@ -169,6 +168,13 @@ class Faults:
 
     def _close_steps(self) -> None:
         self._steps.shutdown(wait=False, cancel_futures=True)
+
+
+def _gist(cause: str) -> str:
+    """"exit status 3: …" and the log's last lines, from a failure's cause (status, then log tail)."""
+    head, _, tail = cause.partition(": ")
+    last = [line.strip() for line in tail.splitlines() if line.strip()][-2:]
+    return "; ".join([head or "no cause", *last])[:300]
 
 
 def _lines(path: Path, offset: int) -> Iterator[str]:
