@@ -1,6 +1,10 @@
-"""Failure diagnosis (issue 20) on the corpus's test split: rules alone vs rules + retrieval.
+"""Failure diagnosis (issue 20) on the corpus's held-out splits: rules alone vs rules + retrieval.
 
-    PYTHONPATH=. python bench/diagnosis.py [--json OUT] [--learn-filters]
+    PYTHONPATH=. python bench/diagnosis.py [--split test|blind|held-out] [--json OUT] [--learn-filters]
+
+Splits (loom/diagnosis/corpus.py): `test` (19 templates never in the training split, but looked at
+while the retrieval was designed), `blind` (15 templates written afterwards without reading the
+rules, filters or retrieval code; measured once), `held-out` (both; the default).
 
 Prints error-type accuracy (rules alone, rules + retrieval), the root-cause line hit rate (the
 first reported line is a labelled root-cause line), per-class precision and recall, the
@@ -26,10 +30,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", metavar="OUT")
     ap.add_argument("--learn-filters", action="store_true")
+    ap.add_argument("--split", choices=("test", "blind", "held-out"), default="held-out")
     args = ap.parse_args()
+    splits = ("test", "blind") if args.split == "held-out" else (args.split,)
     if args.learn_filters:
         print(f"filters: {len(relearn().templates)} learned from the training split")
-    logs = list(corpus.generate("test"))
+    logs = [log for split in splits for log in corpus.generate(split)]
     expected = ["Unknown" if log.error_type == corpus.HEALTHY else log.error_type for log in logs]
     ratios = [compress(log.lines).ratio for log in logs]
     t0 = time.perf_counter()
@@ -37,7 +43,7 @@ def main() -> None:
     t1 = time.perf_counter()
     rt.default_store(embed)
     t2 = time.perf_counter()
-    out = {"logs": len(logs), "templates": len(corpus.templates("test")),
+    out = {"split": args.split, "logs": len(logs), "templates": sum(len(corpus.templates(x)) for x in splits),
            "train_templates": len(corpus.templates("train")), "lines_per_log": statistics.mean(len(x.lines) for x in logs),
            "model_load_s": t1 - t0, "store_s": t2 - t1, "compression_ratio_median": statistics.median(ratios)}
     for mode in ("rules", "rules+retrieval"):
@@ -69,7 +75,7 @@ def _score(got: list, expected: list[str], logs: list, per_log: float) -> dict:
 
 
 def _print(out: dict) -> None:
-    print(f"test split: {out['logs']} logs of {out['templates']} templates (training: {out['train_templates']} "
+    print(f"{out['split']} split: {out['logs']} logs of {out['templates']} templates (training: {out['train_templates']} "
           f"templates), {out['lines_per_log']:.0f} lines per log on average")
     print(f"compression ratio (median, bytes in / bytes kept): {out['compression_ratio_median']:.0f}x")
     print(f"model load {out['model_load_s']:.1f} s, store (cache or build) {out['store_s']:.1f} s")
