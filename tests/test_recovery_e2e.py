@@ -139,7 +139,8 @@ def test_a_loss_spike_rollback_in_a_live_job_is_recorded_with_its_reason(tmp_pat
     engine.start()
     try:
         engine.submit(JobSpec("spiky", clock.now(), 1, 40.0, iterations=40),
-                      LaunchSpec("spiky", (str(script),), None, 40.0, (("LOOM_CHECKPOINT_INTERVAL", "5"),))
+                      LaunchSpec("spiky", (str(script),), None, 40.0,
+                                 (("LOOM_CHECKPOINT_INTERVAL", "5"), ("LOOM_SPIKE", "on")))
                       ).result(timeout=10)
         job = engine.core.jobs["spiky"]
         engine.run_until(lambda: job.state is S.FINISHED, timeout=240)

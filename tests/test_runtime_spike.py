@@ -211,7 +211,7 @@ def spike_job(out: str, poison: tuple[int, ...] = (), drop: tuple[int, ...] = ()
 
 
 def env_of(tmp_path: Path, job: str, **extra: str) -> dict[str, str]:
-    return {"LOOM_RUNTIME_DIR": str(tmp_path / "rt"), "LOOM_JOB_ID": job, "LOOM_CONTROL_POLL_S": "0",
+    return {"LOOM_RUNTIME_DIR": str(tmp_path / "rt"), "LOOM_JOB_ID": job, "LOOM_CONTROL_POLL_S": "0", "LOOM_SPIKE": "on",
             "LOOM_CHECKPOINT_INTERVAL": "5", "LOOM_CHECKPOINT_KEEP": "100", **extra}
 
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 import signal
 
 import pytest
-from test_local_backend import EXAMPLE, ITERS, JOB_ARGS, _baseline, _losses
+from test_local_backend import EXAMPLE, ITERS, JOB_ARGS, _baseline
+
+from loom.service.testing import loss_curve
 
 from loom.service.backends.runs import Layout
 from loom.service.testing import kill_under, start, wait_for
@@ -45,8 +47,8 @@ def test_a_training_job_submitted_through_the_api_is_preempted_resumed_elsewhere
             assert state("urgent") == "FINISHED" and state("filler") == "CANCELLED"
         out, _ = baseline.communicate(timeout=300)
         assert baseline.returncode == 0, out
-        assert _losses(log) == _losses(expected)  # bit for bit
-        assert sorted(_losses(log)) == list(range(1, ITERS + 1))
+        assert loss_curve(log) == loss_curve(expected)  # bit for bit
+        assert sorted(loss_curve(log)) == list(range(1, ITERS + 1))
     finally:
         served.kill(signal.SIGTERM)
         kill_under(data)

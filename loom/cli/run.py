@@ -68,7 +68,7 @@ def run(
                                  "one); its files travel with the job on migration."),
     checkpoint_dir: Path = typer.Option(None, "--checkpoint-dir", help="Checkpoints (default "
                                         "RUNTIME_DIR/JOB_ID/checkpoints)."),
-    checkpoint_interval: int = typer.Option(None, "--checkpoint-interval", metavar="ITERS", min=0,
+    checkpoint_interval: int = typer.Option(None, "--checkpoint-interval", metavar="ITERS",
                                             help="Checkpoint every ITERS iterations (0: only when asked; default "
                                                  "$LOOM_CHECKPOINT_INTERVAL, else 0)."),
     checkpoint_mode: str = typer.Option("sync", "--checkpoint-mode", metavar="sync|async",
@@ -80,9 +80,9 @@ def run(
     deterministic: bool = typer.Option(False, "--deterministic", help="Reduce the logical ranks' gradients "
                                        "one by one in rank order: losses bit-identical at any process count "
                                        "(M <= N), at the cost of N gradients' memory and an all-gather."),
-    spike: str = typer.Option("", "--spike", metavar="off|KEY=VALUE,...", help="Loss-spike rollback (on by "
-                              "default): off, or settings z, window, min-history, rel, abs, skip, max-rollbacks, "
-                              "period (e.g. z=8,skip=10; docs/RUNTIME.md)."),
+    spike: str = typer.Option("", "--spike", metavar="on|off|KEY=VALUE,...", help="Loss-spike rollback (off by "
+                              "default): on, off, or settings z, window, min-history, rel, abs, skip, max-rollbacks, "
+                              "period, which turn it on (e.g. z=8,skip=10; docs/RUNTIME.md)."),
 ) -> None:
     from loom.runtime.launch import LaunchSpec, Supervisor, default_runtime_dir, validated
 

@@ -30,7 +30,7 @@ class SpikeRule:
     (MAD about 0) does not flag rounding noise.
     """
 
-    enabled: bool = True
+    enabled: bool = False  # off unless asked for: LOOM_SPIKE=on, `loom run --spike on|KEY=VALUE,...`
     z: float = 6.0  # robust z-scores above the median
     window: int = 32  # healthy losses the median and MAD are taken over
     min_history: int = 16  # healthy losses needed before a finite loss can be a spike
@@ -106,7 +106,7 @@ def spike_rule(env: Mapping[str, str]) -> SpikeRule:
     """The loss-spike rule from `LOOM_SPIKE` (on/off) and `LOOM_SPIKE_*`, validated."""
     d = SpikeRule()
     rule = SpikeRule(
-        enabled=_bool(env, "LOOM_SPIKE", default=True),
+        enabled=_bool(env, "LOOM_SPIKE", default=False),  # on: `loom run --spike on` (pretraining)
         z=_number(env, "LOOM_SPIKE_Z", d.z, positive=True),
         window=_int(env, "LOOM_SPIKE_WINDOW", d.window, minimum=3),
         min_history=_int(env, "LOOM_SPIKE_MIN_HISTORY", d.min_history, minimum=3),
