@@ -14,6 +14,12 @@ DEBIAN_PACKAGES=(
     chromium         # headless browser: tests/test_report_browser.py opens report.html in it
     chromium-driver  # /usr/bin/chromedriver, driven by selenium (no driver downloads)
     postgresql       # initdb/pg_ctl: tests/pg.py starts a throwaway server for the store's postgres tier
+    slurm-wlm        # Slurm metapackage (22.05 on Debian 12): loom/service/backends/slurmtest.py's test cluster
+    slurmctld        # the Slurm controller the slurm test tier starts in a network namespace
+    slurmd           # the node daemon: 16 of them (slurmd -N nodename, one port each) in the slurm tier
+    slurm-client     # sinfo/squeue/sbatch/scontrol, run by the Slurm backend and its tests
+    munge            # munged: Slurm's authentication, started by the slurm tier with a throwaway key
+    iproute2         # `ip netns`: the slurm tier's loopback-only network namespace (nsenter is util-linux)
 )
 
 log() { printf 'setup: %s\n' "$*"; }
