@@ -30,7 +30,6 @@ from loom.runtime.errors import (
     ControlTimeout,
     CorruptCheckpointError,
     LoomRuntimeError,
-    LossSpikeError,
     PartialCheckpointError,
     RequestFailed,
     RuntimeConfigError,
@@ -45,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACTIONS", "STATES", "CheckpointError", "ControlClient", "ControlError", "ControlTimeout",
-    "CorruptCheckpointError", "LoomRuntimeError", "LossSpikeError", "PartialCheckpointError", "RequestFailed",
+    "CorruptCheckpointError", "LoomRuntimeError", "PartialCheckpointError", "RequestFailed",
     "Runtime", "RuntimeConfig", "RuntimeConfigError", "RuntimeUsageError", "UnknownJobError",
     "current", "latest_complete", "report", "wrap",
 ]
