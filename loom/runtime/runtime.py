@@ -541,11 +541,6 @@ class Runtime:
             if self._ckpt_group is not None and dist.is_initialized() and final_state != "failed":
                 dist.destroy_process_group(self._ckpt_group)
                 self._ckpt_group = None
-            if final_state == "stopped" and dist.is_initialized():
-                # the process exits from inside the loop (SystemExit), so the script never reaches its own
-                # destroy_process_group(): a process group torn down by the interpreter's exit instead
-                # can abort the process ("terminate called without an active exception")
-                dist.destroy_process_group()
 
     def _answer_unserved(self, final_state: str) -> None:
         pending = self._requests + (self.channel.poll(self._steps) if self.channel else [])
