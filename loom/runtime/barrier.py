@@ -23,10 +23,21 @@ cut. So at the cut nothing is in flight, and `step` checks it.
 
 The meta tensor lives on the group's device (CUDA for NCCL), and results are read
 only after `wait()`, so the protocol is the same on every backend.
+
+The runtime's other control collectives (the cut's plan broadcast, the unanimous
+vote on a stop) go through the barrier too, on persistent tensors, so that `settle`
+can tell when no collective holds any of them. That matters at exit: since
+torch 2.10 a tensor's Python object is kept alive while C++ holds the tensor, so a
+gloo worker thread that drops the last reference to a finished `Work` takes the
+GIL; if the interpreter is already finalising, Python ends that thread in the
+middle of a C++ destructor and the process dies with "terminate called without an
+active exception". A process leaves the loop only after `settle`.
 """
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -74,7 +85,11 @@ class Barrier:
         self.group = group
         self.world = dist.get_world_size(group) if group is not None else 1
         self.device = group_device(group)
-        self._buf = torch.zeros(2, dtype=torch.int32, device=self.device)
+        self._buf = torch.zeros(2, dtype=torch.int32, device=self.device)  # (need, ack)
+        self._plan = torch.zeros(2, dtype=torch.int32, device=self.device)  # (checkpoint, stop)
+        self._vote = torch.zeros(1, dtype=torch.int32, device=self.device)  # processes that object
+        self._buffers = (self._buf, self._plan, self._vote)
+        self._unheld = self._refcounts()  # no collective holds them yet
         self._pending: Any = None  # the in-flight meta all-reduce: (work, iteration, need, ack)
         self._outstanding: list[Any] = []  # async collectives issued through `collective`
         self._need = False
@@ -140,6 +155,36 @@ class Barrier:
         if self._pending is not None:
             self._finish_pending()
         self._settle_outstanding()
+
+    def settle(self, timeout_s: float = 60.0) -> bool:
+        """Drain, then wait (GIL released) until no gloo worker still holds one of the barrier's
+        tensors; True when settled. Call before the process may exit (see the module doc)."""
+        self.drain()
+        deadline = time.monotonic() + timeout_s
+        while self._refcounts() != self._unheld:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
+    def _refcounts(self) -> list[int]:
+        return [sys.getrefcount(tensor) for tensor in self._buffers]
+
+    # --- the runtime's other control collectives (synchronous) ---------------------------------
+    def broadcast_plan(self, checkpoint: bool, stop: bool) -> tuple[bool, bool]:
+        """Rank 0's decision at a cut, on every rank."""
+        self._plan.copy_(torch.tensor([int(checkpoint), int(stop)], dtype=torch.int32))
+        if self.group is not None:
+            dist.broadcast(self._plan, src=dist.get_global_rank(self.group, 0), group=self.group)
+        checkpoint, stop = (bool(v) for v in self._plan.tolist())
+        return checkpoint, stop
+
+    def unanimous(self, ok: bool) -> bool:
+        """True on every rank iff `ok` is true on every rank."""
+        self._vote.fill_(int(not ok))
+        if self.group is not None:
+            dist.all_reduce(self._vote, op=dist.ReduceOp.SUM, group=self.group)
+        return int(self._vote.item()) == 0
 
     def collective(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Issue a collective: asynchronous in phase 1 (tracked), synchronous in phase 2."""

@@ -401,21 +401,12 @@ class Runtime:
         self._set_state("running")
 
     def _broadcast_plan(self, forced: bool, served: list[Request]) -> Plan:
-        flags = torch.tensor([int(forced or bool(served)),
-                              int(any(r.action in STOPPING_ACTIONS for r in served))],
-                             dtype=torch.int32, device=self.barrier.device)
-        if self.group is not None:
-            dist.broadcast(flags, src=dist.get_global_rank(self.group, 0), group=self.group)
-        checkpoint, stop = (bool(v) for v in flags.tolist())
-        return Plan(checkpoint, stop)
+        return Plan(*self.barrier.broadcast_plan(forced or bool(served),
+                                                 any(r.action in STOPPING_ACTIONS for r in served)))
 
     def _agree(self, ok: bool) -> bool:
         """True on every rank iff it is true on every rank (a stop must be unanimous)."""
-        if self.group is None:
-            return ok
-        flag = torch.tensor([int(not ok)], dtype=torch.int32, device=self.barrier.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.SUM, group=self.group)
-        return int(flag.item()) == 0
+        return self.barrier.unanimous(ok)
 
     def _state_dict(self) -> dict[str, Any]:
         positions = self.loader.states() if self.loader is not None else {}
@@ -529,8 +520,10 @@ class Runtime:
             if final_state != "failed":  # after a failure a peer may be gone: never wait on it
                 if self.checkpointer is not None:
                     self.checkpointer.wait()
-                if dist.is_initialized():
-                    self.barrier.drain()
+                # even after the script's destroy_process_group(): a pending meta all-reduce
+                # can still be waited for, and must be before the interpreter finalises
+                if not self.barrier.settle():
+                    log.warning("loom runtime: a collective still held the barrier's tensors at exit")
         finally:
             self.state = final_state
             if self.channel is not None:
