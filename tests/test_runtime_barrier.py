@@ -125,3 +125,39 @@ def test_single_process_barrier_without_torch_distributed():
     assert barrier.taken_at - barrier.requested_at == 2
     barrier.reset()
     assert not barrier.step(4)
+
+
+def settle_after_destroy(out: str) -> None:
+    """Leave a meta all-reduce pending, destroy the group as a script's last line does, settle."""
+    import sys
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    barrier = Barrier(dist.group.WORLD)
+
+    def refcounts() -> list[int]:  # holds no reference between calls (one would never be released)
+        return [sys.getrefcount(t) for t in (barrier._buf, barrier._plan, barrier._vote)]
+
+    unheld = refcounts()
+    barrier.step(1)  # phase 1: the meta all-reduce is left in flight
+    held = refcounts()
+    checkpoint, stop = barrier.broadcast_plan(rank == 0, False)
+    vote = barrier.unanimous(True)
+    dist.destroy_process_group()
+    settled = barrier.settle(timeout_s=30)
+    after = refcounts()
+    Path(f"{out}.{rank}").write_text(json.dumps(
+        {"held": [h - u for h, u in zip(held, unheld)], "settled": settled, "in_flight": barrier.in_flight(),
+         "after": [a - u for a, u in zip(after, unheld)], "plan": [checkpoint, stop], "vote": vote}))
+
+
+def test_settle_waits_until_no_collective_holds_the_barriers_tensors(tmp_path):
+    """A gloo worker that frees a finished Work holding a Python tensor needs the GIL; at interpreter
+    exit that aborts the process, so `settle` must return only once no Work holds them."""
+    out = tmp_path / "settle"
+    results = run_local(settle_after_destroy, 2, args=(str(out),), timeout_s=120)
+    assert [r.exitcode for r in results] == [0, 0], results
+    for rank in (0, 1):
+        seen = json.loads(Path(f"{out}.{rank}").read_text())
+        assert seen["held"][0] == 1  # the in-flight Work holds the meta tensor: visible in its refcount
+        assert seen["settled"] and seen["in_flight"] == 0 and seen["after"] == [0, 0, 0], seen
+        assert seen["plan"] == [True, False] and seen["vote"] is True, seen
