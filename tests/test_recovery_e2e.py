@@ -100,3 +100,59 @@ def test_a_job_on_a_node_that_breaks_is_diagnosed_localised_and_restarted_on_a_s
         backend.close()
         clock.close()
 
+
+SPIKY = '''
+import time
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+import loom.runtime
+
+g = torch.Generator().manual_seed(7)
+x = torch.randn(40 * 8, 8, generator=g)
+y = x @ torch.randn(8, 1, generator=g)
+x[24 * 8:25 * 8] *= 1e3  # iteration 25's batch is poisoned
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+loader = DataLoader(TensorDataset(x, y), batch_size=8, shuffle=False)
+model, optimizer, loader = loom.runtime.wrap(model, optimizer, loader)
+for xb, yb in loader:
+    loss = torch.nn.functional.mse_loss(model(xb), yb)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    loom.runtime.report(loss=loss)
+    time.sleep(0.05)
+'''
+
+
+@pytest.mark.slow
+def test_a_loss_spike_rollback_in_a_live_job_is_recorded_with_its_reason(tmp_path):
+    from loom.core.events import JobRestarted
+
+    script = tmp_path / "spiky.py"
+    script.write_text(SPIKY)
+    clock = WallClock()
+    backend = LocalBackend(emulated(1, 1), root=tmp_path / "root", clock=clock, poll_s=0.05, hang_s=0.0)
+    events: list = []
+    engine = LiveEngine(backend, "fcfs", "first-fit", clock=clock, round_interval=0.5, on_event=events.append)
+    engine.start()
+    try:
+        engine.submit(JobSpec("spiky", clock.now(), 1, 40.0, iterations=40),
+                      LaunchSpec("spiky", (str(script),), None, 40.0,
+                                 (("LOOM_CHECKPOINT_INTERVAL", "5"), ("LOOM_SPIKE", "on")))
+                      ).result(timeout=10)
+        job = engine.core.jobs["spiky"]
+        engine.run_until(lambda: job.state is S.FINISHED, timeout=240)
+        restarted = [e for e in events if isinstance(e, JobRestarted)]
+        assert len(restarted) == 1 and restarted[0].cause.startswith("loss spike: loss ")
+        assert "iteration 25" in restarted[0].cause and "rolled back to the checkpoint of iteration 20" \
+            in restarted[0].cause
+        assert restarted[0].progress == pytest.approx(20.0)  # 20 of 40 iterations of a 40 s job
+        seen = [t.event for t in engine.core.record.transitions_of("spiky")]
+        assert any(e.startswith("restarted in place: loss spike:") for e in seen)
+        assert job.failures == 1
+    finally:
+        engine.stop()
+        backend.close()
+        clock.close()

@@ -23,7 +23,7 @@ Environment of each process, besides torchrun's RANK, WORLD_SIZE, ...:
   LOOM_JOB_ID, LOOM_RUNTIME_DIR, LOOM_LOGICAL_WORLD (N), LOOM_WORKDIR,
   LOOM_CHECKPOINT_DIR, LOOM_CHECKPOINT_INTERVAL, LOOM_CHECKPOINT_MODE,
   LOOM_RESUME (latest, a path or empty), LOOM_INCARNATION (0, 1, ...),
-  LOOM_DETERMINISTIC=1 with --deterministic
+  LOOM_DETERMINISTIC=1 with --deterministic, LOOM_SPIKE* with --spike
 
 \b
 Control channel: files in the job directory RUNTIME_DIR/JOB_ID/
@@ -80,6 +80,9 @@ def run(
     deterministic: bool = typer.Option(False, "--deterministic", help="Reduce the logical ranks' gradients "
                                        "one by one in rank order: losses bit-identical at any process count "
                                        "(M <= N), at the cost of N gradients' memory and an all-gather."),
+    spike: str = typer.Option("", "--spike", metavar="on|off|KEY=VALUE,...", help="Loss-spike rollback (off by "
+                              "default): on, off, or settings z, window, min-history, rel, abs, skip, max-rollbacks, "
+                              "period, which turn it on (e.g. z=8,skip=10; docs/RUNTIME.md)."),
 ) -> None:
     from loom.runtime.launch import LaunchSpec, Supervisor, default_runtime_dir, validated
 
@@ -89,7 +92,7 @@ def run(
         script=script, script_args=tuple(script_args or ()), job_id=job_id,
         runtime_dir=runtime_dir or default_runtime_dir(), nproc=nproc, logical_world=logical_world,
         workdir=workdir or Path.cwd(), checkpoint_dir=checkpoint_dir, checkpoint_interval=checkpoint_interval,
-        checkpoint_mode=checkpoint_mode, resume=resume, deterministic=deterministic))
+        checkpoint_mode=checkpoint_mode, resume=resume, deterministic=deterministic, spike=spike))
     mode = ", deterministic" if spec.deterministic else ""
     print(f"loom run: job {spec.job_id} ({_count(spec.nproc, 'process')}, {_count(spec.world, 'logical rank')}"
           f"{mode}), "

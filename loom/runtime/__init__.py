@@ -30,6 +30,7 @@ from loom.runtime.errors import (
     ControlTimeout,
     CorruptCheckpointError,
     LoomRuntimeError,
+    LossSpikeError,
     PartialCheckpointError,
     RequestFailed,
     RuntimeConfigError,
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ACTIONS", "STATES", "CheckpointError", "ControlClient", "ControlError", "ControlTimeout",
-    "CorruptCheckpointError", "LoomRuntimeError", "PartialCheckpointError", "RequestFailed",
+    "CorruptCheckpointError", "LoomRuntimeError", "LossSpikeError", "PartialCheckpointError", "RequestFailed",
     "Runtime", "RuntimeConfig", "RuntimeConfigError", "RuntimeUsageError", "UnknownJobError",
     "current", "latest_complete", "report", "wrap",
 ]

@@ -58,6 +58,7 @@ class Restored:
     iteration: int
     logical: dict[int, LogicalState]  # the logical ranks this process loaded
     own_rng: frozenset[int]  # logical ranks whose RNG streams were in the checkpoint
+    spike: dict[str, Any] | None = None  # the loss-spike detector's state (spike.py), if saved
 
 
 @dataclass
@@ -83,13 +84,14 @@ def _blob(value: Any) -> bytes:
 
 
 def training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, *,
-                   iteration: int, logical_world: int,
-                   logical: dict[int, LogicalState]) -> dict[str, Any]:
+                   iteration: int, logical_world: int, logical: dict[int, LogicalState],
+                   spike: dict[str, Any] | None = None) -> dict[str, Any]:
     """The DCP state dict of a cut (blobs are snapshots: later training cannot change them)."""
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state: dict[str, Any] = {
         "model": model_sd, "optim": optim_sd,
-        "loom": _blob({"format": store.FORMAT, "iteration": iteration, "logical_world": logical_world}),
+        "loom": _blob({"format": store.FORMAT, "iteration": iteration, "logical_world": logical_world,
+                       "spike": spike}),
         "logical": {str(r): _blob({"rng": s.rng, "data": asdict(s.data)}) for r, s in logical.items()},
     }
     if scheduler is not None:
@@ -224,7 +226,7 @@ class Checkpointer:
                    for r, s in sources.items()}
         own = frozenset(r for r, s in sources.items() if r == s)
         self.last = info
-        return Restored(info, int(meta["iteration"]), logical, own)
+        return Restored(info, int(meta["iteration"]), logical, own, meta.get("spike"))
 
     @staticmethod
     def _has_key(path: Path, key: str) -> bool:

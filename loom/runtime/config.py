@@ -21,6 +21,33 @@ _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass(frozen=True)
+class SpikeRule:
+    """When the job's loss is a spike and what a rollback skips (docs/RUNTIME.md, "Loss-spike rollback").
+
+    A loss `x` is a spike when it is not finite, or when at least `min_history` healthy
+    losses are known and `x - median > max(z * 1.4826 * MAD, rel * |median|, abs)` over
+    the last `window` healthy ones: a robust z-score, with floors so that a flat loss
+    (MAD about 0) does not flag rounding noise.
+    """
+
+    enabled: bool = False  # off unless asked for: LOOM_SPIKE=on, `loom run --spike on|KEY=VALUE,...`
+    z: float = 6.0  # robust z-scores above the median
+    window: int = 32  # healthy losses the median and MAD are taken over
+    min_history: int = 16  # healthy losses needed before a finite loss can be a spike
+    rel: float = 0.1  # the rise must also exceed this fraction of |median| ...
+    abs: float = 1e-3  # ... and this many loss units
+    skip: int = 0  # batches skipped after the spike's own
+    max_rollbacks: int = 3  # spikes handled per `period` iterations; one more fails the job
+    period: int = 1000  # iterations run (undone ones included)
+
+
+# `loom run --spike KEY=VALUE,...`: the key, its variable, and the SpikeRule field it sets
+SPIKE_KEYS = {"z": "LOOM_SPIKE_Z", "window": "LOOM_SPIKE_WINDOW", "min-history": "LOOM_SPIKE_MIN_HISTORY",
+              "rel": "LOOM_SPIKE_REL", "abs": "LOOM_SPIKE_ABS", "skip": "LOOM_SPIKE_SKIP",
+              "max-rollbacks": "LOOM_SPIKE_MAX_ROLLBACKS", "period": "LOOM_SPIKE_PERIOD"}
+
+
+@dataclass(frozen=True)
 class RuntimeConfig:
     """Everything the runtime reads from the environment, validated."""
 
@@ -37,6 +64,7 @@ class RuntimeConfig:
     status_interval_s: float = 1.0
     deterministic: bool = False  # fixed-order gradient reduction: bit-identical across resizes
     squash_checks: int = 3  # iterations whose squashed gradient is checked after each (re)start
+    spike: SpikeRule = SpikeRule()  # loss-spike rollback (LOOM_SPIKE_*)
 
     @property
     def job_dir(self) -> Path:
@@ -70,7 +98,47 @@ class RuntimeConfig:
             control_poll_s=_float(env, "LOOM_CONTROL_POLL_S", 0.1),
             deterministic=_bool(env, "LOOM_DETERMINISTIC"),
             squash_checks=_int(env, "LOOM_SQUASH_CHECKS", 3, minimum=0),
+            spike=spike_rule(env),
         )
+
+
+def spike_rule(env: Mapping[str, str]) -> SpikeRule:
+    """The loss-spike rule from `LOOM_SPIKE` (on/off) and `LOOM_SPIKE_*`, validated."""
+    d = SpikeRule()
+    rule = SpikeRule(
+        enabled=_bool(env, "LOOM_SPIKE", default=False),  # on: `loom run --spike on` (pretraining)
+        z=_number(env, "LOOM_SPIKE_Z", d.z, positive=True),
+        window=_int(env, "LOOM_SPIKE_WINDOW", d.window, minimum=3),
+        min_history=_int(env, "LOOM_SPIKE_MIN_HISTORY", d.min_history, minimum=3),
+        rel=_number(env, "LOOM_SPIKE_REL", d.rel),
+        abs=_number(env, "LOOM_SPIKE_ABS", d.abs),
+        skip=_int(env, "LOOM_SPIKE_SKIP", d.skip, minimum=0),
+        max_rollbacks=_int(env, "LOOM_SPIKE_MAX_ROLLBACKS", d.max_rollbacks, minimum=0),
+        period=_int(env, "LOOM_SPIKE_PERIOD", d.period, minimum=1),
+    )
+    if rule.min_history > rule.window:
+        raise RuntimeConfigError(
+            f"{rule.min_history} exceeds the window of {rule.window} losses (LOOM_SPIKE_WINDOW): "
+            "no loss could ever be judged", source="environment variable LOOM_SPIKE_MIN_HISTORY")
+    return rule
+
+
+def spike_env(text: str) -> dict[str, str]:
+    """`loom run --spike off` or `--spike z=4,skip=100`: the LOOM_SPIKE_* variables it stands for."""
+    text = text.strip()
+    if not text:
+        return {}
+    if text.lower() in ("off", "on"):
+        return {"LOOM_SPIKE": text.lower()}
+    env = {"LOOM_SPIKE": "on"}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        key = key.strip().lower().replace("_", "-")
+        if key not in SPIKE_KEYS or not value.strip():
+            raise RuntimeConfigError(f"{item.strip()!r} is not KEY=VALUE with KEY one of "
+                                     f"{', '.join(SPIKE_KEYS)} (or the whole value 'off')", source="--spike")
+        env[SPIKE_KEYS[key]] = value.strip()
+    return env
 
 
 def _abs(text: str, cwd: Path) -> Path:
@@ -114,9 +182,25 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
-def _bool(env: Mapping[str, str], name: str) -> bool:
+def _number(env: Mapping[str, str], name: str, default: float, *, positive: bool = False) -> float:
+    text = env.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 if positive else value >= 0) or value == float("inf"):
+        raise RuntimeConfigError(f"{text!r} is not a number {'>' if positive else '>='} 0",
+                                 source=f"environment variable {name}")
+    return value
+
+
+def _bool(env: Mapping[str, str], name: str, default: bool = False) -> bool:
     text = env.get(name, "").strip().lower()
-    if text in ("", "0", "false", "no", "off"):
+    if not text:
+        return default
+    if text in ("0", "false", "no", "off"):
         return False
     if text in ("1", "true", "yes", "on"):
         return True

@@ -130,6 +130,7 @@ class ResumableLoader:
         self._on_fetch, self._on_epoch_end = on_fetch, on_epoch_end
         self._epochs = 0  # iter() calls so far
         self._resume: dict[int, DataPosition] | None = None
+        self._fetch: _Fetch | None = None  # the epoch being iterated (a rollback skips batches of it)
         first = _make_shard(loader, logical_world, self.ranks[0], None)
         seed = first.sampler.seed if first.sampler is not None else None  # one shuffle seed for all
         self._shards = {r: first if r == self.ranks[0] else _make_shard(loader, logical_world, r, seed)
@@ -162,8 +163,9 @@ class ResumableLoader:
             self._resume = None
         else:
             resume = None
-        return _Fetch(self, {r: self._start(shard, epoch, resume[r] if resume else None)
-                             for r, shard in self._shards.items()})
+        self._fetch = _Fetch(self, {r: self._start(shard, epoch, resume[r] if resume else None)
+                                    for r, shard in self._shards.items()})
+        return self._fetch
 
     def _start(self, shard: _Shard, epoch: int, resume: DataPosition | None) -> Iterator[Any]:
         offset, skip = self._resume_point(shard, resume) if resume is not None else (0, 0)
@@ -230,6 +232,14 @@ class ResumableLoader:
             return 0, position.batches
         return min(position.consumed(), shard.sampler.n), 0
 
+    def skip(self, batches: int) -> int:
+        """Read and discard every hosted logical rank's next `batches` batches of the current epoch
+        (a loss-spike rollback), advancing their positions; stops at the epoch's end. Returns the
+        number the first hosted rank skipped."""
+        if self._fetch is None or batches <= 0:
+            return 0
+        return min(self._fetch.discard(rank, batches) for rank in self.ranks)
+
     def _advance(self, rank: int) -> None:
         shard = self._shards[rank]
         shard.position = replace(shard.position, batches=shard.position.batches + 1)
@@ -261,6 +271,17 @@ class _Fetch:
             raise
         owner._advance(rank)
         return batch
+
+    def discard(self, rank: int, batches: int) -> int:
+        """Take and drop up to `batches` of `rank`'s batches; an exhausted shard stays exhausted."""
+        for taken in range(batches):
+            try:
+                next(self._inners[rank])
+            except StopIteration:
+                self._inners[rank] = iter(())
+                return taken
+            self._owner._advance(rank)
+        return batches
 
 
 def shardable(loader: Any) -> bool:

@@ -37,6 +37,10 @@ class CorruptCheckpointError(CheckpointError):
     """The checkpoint was committed but its files do not match its commit marker or do not load."""
 
 
+class LossSpikeError(LoomRuntimeError):
+    """The loss kept spiking after the allowed rollbacks, or is not finite with nothing to roll back to."""
+
+
 class ControlError(LoomRuntimeError):
     """A control-channel operation failed (unknown job, unreadable status)."""
 

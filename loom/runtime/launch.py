@@ -33,6 +33,8 @@ from typing import Any, TextIO
 
 from loom.errors import LoomInputError
 from loom.runtime import workdir as wd
+from loom.runtime.config import SPIKE_KEYS, spike_env, spike_rule
+from loom.runtime.errors import RuntimeConfigError
 
 CHECKPOINT_MODES = ("sync", "async")
 ACTIONS = ("checkpoint", "stop", "migrate", "resize")
@@ -68,6 +70,7 @@ class LaunchSpec:
     checkpoint_mode: str = "sync"
     resume: str = ""  # one of RESUME_WORDS or a checkpoint path
     deterministic: bool = False  # LOOM_DETERMINISTIC=1: fixed-order gradient reduction
+    spike: str = ""  # loss-spike rollback: "", "off" or "z=4,skip=100,..." (LOOM_SPIKE_*)
 
     @property
     def job_dir(self) -> Path:
@@ -105,6 +108,12 @@ def validated(spec: LaunchSpec) -> LaunchSpec:
         raise LoomInputError(f"checkpoint directory {spec.checkpoint_dir} {what} (a directory you name is never "
                              "created: a mistyped shared-storage path would keep checkpoints on a local disk)",
                              field="--checkpoint-dir")
+    try:
+        spike_rule(spike_env(spec.spike))
+    except RuntimeConfigError as exc:
+        keys = {f"environment variable {var}": key for key, var in SPIKE_KEYS.items()}
+        where = f"{keys[exc.source]}: " if exc.source in keys else ""
+        raise LoomInputError(f"{where}{exc.message}", field="--spike") from None
     out = replace(spec, script=script.resolve(), job_id=job_id, runtime_dir=_absolute(spec.runtime_dir),
                   workdir=_absolute(spec.workdir), logical_world=spec.world)
     out = replace(out, checkpoint_dir=_absolute(out.ckpt_dir))
@@ -260,6 +269,7 @@ def job_env(spec: LaunchSpec, inc: Incarnation, base: dict[str, str] | None = No
         "LOOM_WORKDIR": str(inc.workdir),
         "LOOM_INCARNATION": str(inc.number),
     })
+    env.update(spike_env(spec.spike))
     if spec.deterministic:
         env["LOOM_DETERMINISTIC"] = "1"
         env.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS, read at CUDA init

@@ -44,6 +44,7 @@ from loom.runtime.barrier import Barrier, BarrierInvariantError
 from loom.runtime.checkpoint import (
     Checkpointer,
     LogicalState,
+    Restored,
     SaveResult,
     training_state,
 )
@@ -61,6 +62,7 @@ from loom.runtime.gradients import (
     SquashCheck,
     pin_bucket_layout,
 )
+from loom.runtime.spike import SpikeGuard
 from loom.runtime.virtual import (
     Slicer,
     fingerprints,
@@ -138,6 +140,8 @@ class Runtime:
             loader, logical_ranks=self.logical_ranks, logical_world=self.logical_world,
             on_fetch=self._on_fetch, on_epoch_end=self._on_epoch_end)
         self._hook = optimizer.register_step_post_hook(self._on_step)
+        rule = self.config.spike  # loss-spike rollback needs the loader: it skips the offending batches
+        self.spike = SpikeGuard(self, rule) if rule.enabled and self.loader is not None else None
         self.slicer = self._virtualise(model, optimizer, lr_scheduler)
 
     # --- world-size virtualisation (virtual.py, gradients.py) -----------------------------------
@@ -243,6 +247,8 @@ class Runtime:
             self.config.checkpoints, mode=self.config.checkpoint_mode, keep=self.config.checkpoint_keep,
             job_id=self.config.job_id, group=self._ckpt_group, rank=self.rank,
             processes=self.processes, logical_world=self.logical_world, next_seq=next_seq)
+        if self.spike is not None:  # older checkpoints belong to another timeline: never rolled back to
+            self.spike.origin_seq = info.seq if info is not None else next_seq
         if info is not None:
             try:
                 self._resume(info)
@@ -302,19 +308,27 @@ class Runtime:
             log.warning("loom runtime: resuming a checkpoint of %d logical ranks with %d: data is "
                         "redistributed by its global position and the run is not bit-identical "
                         "to an uninterrupted one", info.logical_world, self.logical_world)
+        restored = self._restore(info, data=True)
+        if self.spike is not None:
+            self.spike.load(restored.spike)
+        self._event("resumed", checkpoint=str(info.path), iteration=self._steps)
+
+    def _restore(self, info: store.CheckpointInfo, *, data: bool) -> Restored:
+        """Model, optimizer, scheduler, iteration and RNG streams from `info`; data positions if `data`
+        (a loss-spike rollback keeps them: spike.py)."""
         with self._runtime_calls():
             restored = self.checkpointer.load(info, self.model, self.optimizer, self.scheduler,
                                               self.logical_ranks)
         self._steps = self.barrier.iteration = restored.iteration
         self._meter = (time.monotonic(), self._steps)
-        if self.loader is not None:
+        if data and self.loader is not None:
             self.loader.load_ranks({r: restored.logical[r].data for r in self.logical_ranks})
         streams = {r: restored.logical[r].rng for r in self.logical_ranks if r in restored.own_rng}
         if self.slicer is not None:  # last: nothing may draw after this
             self.slicer.load_streams(streams)
         elif streams:
             rng.restore(streams[self.logical_ranks[0]])
-        self._event("resumed", checkpoint=str(info.path), iteration=self._steps)
+        return restored
 
     # --- per iteration --------------------------------------------------------------------------
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
@@ -323,6 +337,8 @@ class Runtime:
         if self._cut_due:  # a second step with no batch fetched in between: cut here
             self._serve_cut()
         self._steps += 1
+        if self.spike is not None:
+            self.spike.stepped()
         self._poll_control()
         interval = self.config.checkpoint_interval
         if interval and self._steps % interval == 0:
@@ -338,6 +354,8 @@ class Runtime:
         """Before every batch: the cut if one is due, then the logical rank whose batch it is."""
         if self.closed:
             return None
+        if self.spike is not None:  # first: a spike's iteration is never checkpointed
+            self.spike.check()
         if self._cut_due:
             self._serve_cut()
         return self.slicer.next_rank() if self.slicer is not None else None
@@ -415,7 +433,8 @@ class Runtime:
         logical = {r: LogicalState(streams[r], positions.get(r, DataPosition())) for r in self.logical_ranks}
         with self._runtime_calls():
             return training_state(self.model, self.optimizer, self.scheduler, iteration=self._steps,
-                                  logical_world=self.logical_world, logical=logical)
+                                  logical_world=self.logical_world, logical=logical,
+                                  spike=self.spike.state() if self.spike is not None else None)
 
     def _on_saved(self, result: SaveResult, served: list[Request], stopping: bool) -> None:
         """Rank 0, on the saving thread once the checkpoint is durable (or failed): log and ack."""
@@ -458,6 +477,8 @@ class Runtime:
     def report(self, loss: Any = None) -> None:
         if loss is not None:
             self._loss = loss.detach() if isinstance(loss, torch.Tensor) else loss
+            if self.spike is not None:
+                self.spike.note(self.logical_rank, self._loss)
 
     def request_barrier(self) -> None:
         """Ask for a cut from this rank (as a control request does on rank 0)."""
@@ -494,7 +515,8 @@ class Runtime:
                   "logical_world": self.logical_world, "processes": self.processes,
                   "iterations_per_s": round(self._rates[0], 6), "samples_per_s": round(self._rates[1], 6),
                   "loss": _float_or_none(self._loss), "last_checkpoint": str(last.path) if last else None,
-                  "deterministic": self.deterministic, "squash": self.squash, "updated": time.time()}
+                  "deterministic": self.deterministic, "squash": self.squash, "updated": time.time(),
+                  **(self.spike.status() if self.spike is not None else {"rollbacks": 0, "last_rollback": None})}
         if self._failure:
             status["error"] = self._failure
         return status

@@ -68,6 +68,7 @@ class Run:
     looked: float = 0.0  # monotonic time the watchdog last looked
     reported: float = float("-inf")  # clock time of the last JobProgress sample
     after_exit: list[Event] = field(default_factory=list)
+    rollback: Any = None  # the runtime's last loss-spike rollback already reported (status.json)
 
     @property
     def sleep(self) -> bool:

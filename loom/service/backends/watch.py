@@ -20,6 +20,7 @@ from loom.core.events import (
     JobFailed,
     JobFinished,
     JobProgress,
+    JobRestarted,
     JobStarted,
     JobStopped,
 )
@@ -215,9 +216,18 @@ class Watching:
         R.save_record(self.layout, run, self.topology)
 
     def _check_running(self, run: R.Run, now: float) -> None:
-        if run.sleep or now - run.reported < PROGRESS_EVERY_S:
+        if run.sleep:
             return
-        progress = R.scale(run, R.status(self.layout, run.job_id).get("iteration"))
+        status = R.status(self.layout, run.job_id)
+        rollback = status.get("last_rollback")
+        if isinstance(rollback, dict) and rollback != run.rollback:  # the runtime rolled back a loss spike
+            run.rollback = rollback
+            if rollback.get("event") == "rollback":
+                self._emit(JobRestarted(run.job_id, now, f"loss spike: {rollback.get('reason', '?')}", None,
+                                        R.scale(run, rollback.get("to_iteration"))))
+        if now - run.reported < PROGRESS_EVERY_S:
+            return
+        progress = R.scale(run, status.get("iteration"))
         if progress is not None:
             run.reported = now
             self._emit(JobProgress(run.job_id, now, None, progress))
