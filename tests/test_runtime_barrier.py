@@ -135,7 +135,7 @@ def settle_after_destroy(out: str) -> None:
     barrier = Barrier(dist.group.WORLD)
 
     def refcounts() -> list[int]:  # holds no reference between calls (one would never be released)
-        return [sys.getrefcount(t) for t in (barrier._buf, barrier._plan, barrier._vote)]
+        return [sys.getrefcount(t) for t in (barrier._buf, barrier._plan, barrier._vote, barrier._sums)]
 
     unheld = refcounts()
     barrier.step(1)  # phase 1: the meta all-reduce is left in flight
@@ -159,5 +159,5 @@ def test_settle_waits_until_no_collective_holds_the_barriers_tensors(tmp_path):
     for rank in (0, 1):
         seen = json.loads(Path(f"{out}.{rank}").read_text())
         assert seen["held"][0] == 1  # the in-flight Work holds the meta tensor: visible in its refcount
-        assert seen["settled"] and seen["in_flight"] == 0 and seen["after"] == [0, 0, 0], seen
+        assert seen["settled"] and seen["in_flight"] == 0 and seen["after"] == [0, 0, 0, 0], seen
         assert seen["plan"] == [True, False] and seen["vote"] is True, seen

@@ -88,7 +88,8 @@ class Barrier:
         self._buf = torch.zeros(2, dtype=torch.int32, device=self.device)  # (need, ack)
         self._plan = torch.zeros(2, dtype=torch.int32, device=self.device)  # (checkpoint, stop)
         self._vote = torch.zeros(1, dtype=torch.int32, device=self.device)  # processes that object
-        self._buffers = (self._buf, self._plan, self._vote)
+        self._sums = torch.zeros(2, dtype=torch.float64, device=self.device)  # e.g. (loss sum, count)
+        self._buffers = (self._buf, self._plan, self._vote, self._sums)
         self._unheld = self._refcounts()  # no collective holds them yet
         self._pending: Any = None  # the in-flight meta all-reduce: (work, iteration, need, ack)
         self._outstanding: list[Any] = []  # async collectives issued through `collective`
@@ -185,6 +186,14 @@ class Barrier:
         if self.group is not None:
             dist.all_reduce(self._vote, op=dist.ReduceOp.SUM, group=self.group)
         return int(self._vote.item()) == 0
+
+    def sum_over_ranks(self, first: float, second: float) -> tuple[float, float]:
+        """Two float64 sums over the group (the loss-spike guard's mean loss)."""
+        self._sums.copy_(torch.tensor([first, second], dtype=torch.float64))
+        if self.group is not None:
+            dist.all_reduce(self._sums, op=dist.ReduceOp.SUM, group=self.group)
+        first, second = self._sums.tolist()
+        return first, second
 
     def collective(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Issue a collective: asynchronous in phase 1 (tracked), synchronous in phase 2."""

@@ -185,15 +185,13 @@ class SpikeGuard:
     def _agreed_loss(self) -> float | None:
         """The mean of every logical rank's reported loss (None: nobody reported one this iteration)."""
         device = self.rt.barrier.device
-        buf = torch.zeros(2, dtype=torch.float64, device=device)
+        total = 0.0
         for value in self._losses.values():
             tensor = value.detach() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
-            buf[0] += tensor.to(device=device, dtype=torch.float64).mean()
-        buf[1] = len(self._losses)
+            total += float(tensor.to(device=device, dtype=torch.float64).mean())
+        count = len(self._losses)
         self._losses.clear()
-        if self.rt.group is not None:
-            dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.rt.group)
-        total, count = buf.tolist()  # a host read after the (synchronous) all-reduce
+        total, count = self.rt.barrier.sum_over_ranks(total, count)  # on the barrier's persistent tensor
         return total / count if count else None
 
     # --- responding -----------------------------------------------------------------------------
