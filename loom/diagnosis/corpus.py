@@ -1029,3 +1029,7 @@ def generate(split: str | None = None, *, seed: int = 0, per_template: int = LOG
 
 def templates(split: str | None = None) -> list[Template]:
     return [t for t in TEMPLATES if split is None or t.split == split]
+
+
+# More templates live in modules of their own; importing them registers them (after the above).
+from loom.diagnosis import corpus_blind2, corpus_train2  # noqa: E402,F401  (registration)
