@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from loom.errors import LoomInputError
@@ -28,7 +29,8 @@ from loom.hardware.importers._common import default_tiers, positive_int, read_te
 from loom.hardware.topology import NodeDef, Topology
 
 PARAMS = ("gpu_type", "gpus_per_node", "nodes", "name")
-KEYS = {"switchname": "SwitchName", "nodes": "Nodes", "switches": "Switches", "linkspeed": "LinkSpeed"}
+KEYS = {"switchname": "SwitchName", "nodes": "Nodes", "switches": "Switches", "linkspeed": "LinkSpeed",
+        "level": "Level"}  # Level= is in `scontrol show topology`'s output, not topology.conf: ignored
 
 MAX_HOSTS = 1_000_000  # one hostlist may name at most this many hosts
 
@@ -144,7 +146,18 @@ def load_slurm_topology(spec: str) -> Topology:
     gpu_type = resolve_gpu_type(params["gpu_type"], source=path, field="gpu_type")
     gpus = positive_int(params.get("gpus_per_node", "8"), source=path, field="gpus_per_node", allow_zero=True)
     text = read_text(path, "Slurm topology.conf")
+    from pathlib import Path
 
+    return tree_topology(text, source=path, gpus_of=lambda _host: (gpu_type, gpus),
+                         name=params.get("name") or Path(path).stem, expected=params.get("nodes"),
+                         description=f"Slurm topology.conf {path}")
+
+
+def tree_topology(text: str, *, source: str, gpus_of: Callable[[str], tuple[str, int]], name: str,
+                  expected: str | None = None, description: str = "") -> Topology:
+    """The switch tree of topology.conf text (or `scontrol show topology` output); `gpus_of(host)`
+    gives each node's (GPU type, GPU count)."""
+    path = source
     switches: dict[str, _Switch] = {}
     for lineno, line in _logical_lines(text):
         fields: dict[str, str] = {}
@@ -232,22 +245,19 @@ def load_slurm_topology(spec: str) -> Topology:
                 raise LoomInputError(f"node '{host}' is under both '{owner[host].name}' (line {owner[host].line}) "
                                      f"and '{sw.name}'", source=path, line=sw.line, field="Nodes")
             owner[host] = sw
-            defs.append(NodeDef(host, paths[sw.name], gpu_type, gpus))
-    if "nodes" in params:
+            defs.append(NodeDef(host, paths[sw.name], *gpus_of(host)))
+    if expected is not None:
         try:
-            expected = expand_hostlist(params["nodes"])
+            expected_hosts = expand_hostlist(expected)
         except ValueError as exc:
             raise LoomInputError(f"bad hostlist: {exc}", source=path, field="nodes") from None
-        missing = [h for h in expected if h not in owner]
+        missing = [h for h in expected_hosts if h not in owner]
         if missing:
             more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
             raise LoomInputError(f"node '{missing[0]}'{more} is under no switch", source=path, field="nodes")
     names = ["leaf"] if depth == 1 else ["spine", "leaf"] if depth == 2 else \
         ["core", "spine", "leaf"] if depth == 3 else [*(f"tier{i}" for i in range(depth - 2)), "spine", "leaf"]
-    from pathlib import Path
-
-    return Topology.build(params.get("name") or Path(path).stem, default_tiers(names), defs, source=path,
-                          description=f"Slurm topology.conf {path}")
+    return Topology.build(name, default_tiers(names), defs, source=path, description=description)
 
 
 IMPORTERS.add("slurm", load_slurm_topology)

@@ -2,10 +2,12 @@
 
 * `local` — jobs as local process groups through `loom run` on emulated nodes
   (`loom.service.backends.local.LocalBackend`);
+* `slurm` — jobs as Slurm batch jobs on the nodes Loom chose
+  (`loom.service.backends.slurm.SlurmBackend`);
 * `sim` — the simulator's world on the engine's clock: nothing runs, jobs take their
   trace durations (`loom.service.backends.sim.SimLiveBackend`).
 
-Slurm and Kubernetes backends add a row here (and a world in
+Kubernetes adds a row here (and a world in
 tests/test_backend_conformance.py). Classes are imported on first use, so naming a
 backend costs nothing until it is built.
 """
@@ -19,6 +21,7 @@ from loom.errors import UnknownNameError, did_you_mean
 BACKENDS: dict[str, str] = {
     "local": "loom.service.backends.local:LocalBackend",
     "sim": "loom.service.backends.sim:SimLiveBackend",
+    "slurm": "loom.service.backends.slurm:SlurmBackend",
 }
 
 

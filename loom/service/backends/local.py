@@ -355,7 +355,7 @@ class LocalBackend(Watching, Faults):
         found: dict[str, dict[str, int]] = {}
         for path in sorted(self.layout.record("x").parent.glob("*.json")):
             data = read_json(path)
-            if not data or not isinstance(data.get("pid"), int) or not isinstance(data.get("gpus"), dict):
+            if not data or not self._revivable(data) or not isinstance(data.get("gpus"), dict):
                 continue
             if data["job_id"] not in self._runs:
                 found[str(data["job_id"])] = {str(n): len(g) for n, g in data["gpus"].items()}
@@ -365,7 +365,7 @@ class LocalBackend(Watching, Faults):
         """Watch a survivor's processes again (the engine adopted it): it holds its GPUs here."""
         spec = job.spec if isinstance(job, Job) else job
         data = read_json(self.layout.record(spec.job_id)) or {}
-        if not isinstance(data.get("pid"), int):
+        if not self._revivable(data):
             where = self.layout.record(spec.job_id).parent
             raise LookupError(f"job {spec.job_id} left no run record in {where}")  # noqa: TRY004
         with self._lock:
@@ -374,7 +374,7 @@ class LocalBackend(Watching, Faults):
             nodes = tuple(sorted(binding))
             run = R.Run(spec.job_id, spec, self._jobs[spec.job_id][1],
                         Allocation(nodes, tuple(len(binding[n]) for n in nodes)), None, "up", next(self._order),
-                        binding=binding, proc=Proc(int(data["pid"]), None, self.layout.job_dir(spec.job_id)))
+                        binding=binding, proc=self._revive(data, spec.job_id))
             for node, gpus in binding.items():
                 self._free[node] -= set(gpus)
             status = R.status(self.layout, spec.job_id)
@@ -384,6 +384,13 @@ class LocalBackend(Watching, Faults):
             run.beat, run.reported = time.monotonic(), self.clock.now()
             self._runs[spec.job_id] = run
         self._wakeup.set()
+
+    def _revivable(self, data: dict[str, Any]) -> bool:
+        """A run record that names a live incarnation this backend can watch again."""
+        return isinstance(data.get("pid"), int)
+
+    def _revive(self, data: dict[str, Any], job_id: str) -> Proc:
+        return Proc(int(data["pid"]), None, self.layout.job_dir(job_id))
 
     # ------------------------------------------------------------------ for clocks, tests, shutdown
     def busy(self) -> bool:

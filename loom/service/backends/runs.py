@@ -224,7 +224,8 @@ def save_record(layout: Layout, run: Run, topology: Topology) -> None:
     path = layout.record(run.job_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"job_id": run.job_id, "pid": run.proc.pid if run.proc else None, "sleep": run.sleep,
-            "gpus": {topology.node_names[n]: list(g) for n, g in (run.binding or {}).items()}}
+            "gpus": {topology.node_names[n]: list(g) for n, g in (run.binding or {}).items()},
+            **(getattr(run.proc, "record_fields", None) or {})}  # e.g. the Slurm job id
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)

@@ -285,6 +285,9 @@ class SlurmCluster:
             "AccountingStorageType=accounting_storage/none",
             "JobCompType=jobcomp/none",
             "SchedulerType=sched/backfill",
+            # schedule a released job at once (the default batches for 3 s) and heterogeneous jobs,
+            # which only the backfill scheduler starts, every second (default 30 s)
+            "SchedulerParameters=batch_sched_delay=0,bf_interval=1",
             "SlurmdParameters=config_overrides",  # trust the configured CPUs/memory, not this host's
             "ReturnToService=2",
             "MinJobAge=3600",  # finished jobs stay visible to `scontrol show job`

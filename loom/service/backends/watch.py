@@ -13,6 +13,7 @@ import logging
 import signal
 import threading
 import time
+from pathlib import Path
 
 from loom.core.events import (
     DecisionFailed,
@@ -123,14 +124,18 @@ class Watching:
             env["LOOM_SLEEP_POLL_S"] = str(min(self.poll_s, 0.005))
         self._started_log(run.job_id)  # type: ignore[attr-defined]
         try:
-            run.proc = Proc.spawn(R.command(run, self.layout, self.python), cwd=workdir, env=env,
-                                  log=self.layout.log(run.job_id), job_dir=self.layout.job_dir(run.job_id))
+            run.proc = self._start_proc(run, R.command(run, self.layout, self.python), workdir, env)
         except OSError as exc:
             self._forget(run)
             self._emit(DecisionFailed(run.ticket, now, f"cannot start {run.job_id}: {exc}"))  # type: ignore[arg-type]
             return
         run.phase, run.beat, run.signature = "spawned", time.monotonic(), ()
         R.save_record(self.layout, run, self.topology)
+
+    def _start_proc(self, run: R.Run, argv: list[str], workdir: Path, env: dict[str, str]) -> Proc:
+        """Start the job's processes (here: a local process group; the Slurm backend submits a job)."""
+        return Proc.spawn(argv, cwd=workdir, env=env, log=self.layout.log(run.job_id),
+                          job_dir=self.layout.job_dir(run.job_id))
 
     def _send_move(self, run: R.Run) -> None:
         _, alloc, what = run.move  # type: ignore[misc]
