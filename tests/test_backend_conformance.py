@@ -4,8 +4,8 @@ A backend is added by writing a *world* for it below: a function that runs a
 scenario (cluster, jobs, a policy, launch latency, node failures, cancellations)
 through the core on that backend and returns what happened — the run result,
 the core, and every event the backend reported and every decision it was
-handed, in order. Today there is one world, the simulator's; local processes,
-Slurm and Kubernetes add theirs to `WORLDS`.
+handed, in order. Worlds: the simulator's, local processes, and a real Slurm
+cluster (the `slurm` tier); Kubernetes adds its own to `WORLDS`.
 """
 
 from __future__ import annotations
@@ -92,24 +92,61 @@ def local_world(specs: Sequence[JobSpec], policy, *, nodes: int = 2, launch: Lau
     is starting, stopping or exiting, so timings are the scenario's to the bit. The launch model's
     latency is the backend's emulated launch delay; node failures and repairs, arrivals and
     cancellations are called at their times on the clock."""
+    from loom.service.backends.local import LocalBackend
+
+    topology = clos("conf", minipods=1, nodes=nodes, gpus_per_node=8, gpu_type="A100-80GB", nodes_per_leaf=nodes)
+
+    def backend(root, clock, model):
+        return LocalBackend(topology, root=root / "jobs", clock=clock, launch_delay=model.latency, hang_s=0,
+                            poll_s=0.002)
+
+    return _live_world(backend, specs, policy, launch=launch, failures=failures, cancellations=cancellations,
+                       recovery=recovery, duplicate=duplicate)
+
+
+def slurm_world(specs: Sequence[JobSpec], policy, *, nodes: int = 2, launch: LaunchModel | None = None,
+                failures: Sequence[NodeFailure] = (), cancellations: Sequence[tuple[str, float]] = (),
+                recovery: RecoveryConfig | None = None, duplicate: bool = False) -> Outcome:
+    """As the local world, but every job is a Slurm batch job on a real cluster of `nodes` 8-GPU nodes
+    (loom.service.backends.slurmtest), submitted on the nodes and GPUs Loom chose; a node failure takes
+    the node down in Slurm. The virtual clock waits while Slurm starts or ends a job."""
+    from loom.service.backends.slurm import SlurmBackend
+    from loom.service.backends.slurmcli import SlurmCLI
+    from loom.service.backends.slurmtest import SlurmCluster, missing_requirements
+
+    if missing_requirements():
+        pytest.skip(missing_requirements())
+    with SlurmCluster(nodes, 8, prefix="node") as cluster:
+        env = cluster.env()
+        cli = SlurmCLI(tuple(cluster._ns([])), {"SLURM_CONF": env["SLURM_CONF"], "MUNGE_SOCKET": env["MUNGE_SOCKET"]})
+
+        def backend(root, clock, model):
+            return SlurmBackend(cli, root=root / "jobs", gpu_type="A100-80GB", clock=clock,
+                                launch_delay=model.latency, hang_s=0, poll_s=0.002, node_poll_s=0.2)
+
+        return _live_world(backend, specs, policy, launch=launch, failures=failures, cancellations=cancellations,
+                           recovery=recovery, duplicate=duplicate, timeout=300)
+
+
+def _live_world(make_backend: Callable, specs: Sequence[JobSpec], policy, *, launch: LaunchModel | None,
+                failures: Sequence[NodeFailure], cancellations: Sequence[tuple[str, float]],
+                recovery: RecoveryConfig | None, duplicate: bool, timeout: float = 120) -> Outcome:
     import shutil
     import tempfile
     import time
     from pathlib import Path
 
-    from loom.service.backends.local import LocalBackend
     from loom.service.clock import VirtualClock
     from loom.service.engine import LiveEngine
 
-    topology = clos("conf", minipods=1, nodes=nodes, gpus_per_node=8, gpu_type="A100-80GB", nodes_per_leaf=nodes)
+    root = Path(tempfile.mkdtemp(prefix="loom-live-world-"))
+    clock = VirtualClock(file=root / "clock")
+    model = launch or LaunchModel()
+    backend = make_backend(root, clock, model)
+    topology = backend.inventory().topology
     for failure in failures:
         if failure.node not in topology.node_index:
             raise ValueError(f"unknown node '{failure.node}' in failure list")
-    root = Path(tempfile.mkdtemp(prefix="loom-local-world-"))
-    clock = VirtualClock(file=root / "clock")
-    model = launch or LaunchModel()
-    backend = LocalBackend(topology, root=root / "jobs", clock=clock, launch_delay=model.latency, hang_s=0,
-                           poll_s=0.002)
     outcome = Outcome(None, None)  # type: ignore[arg-type]
     engine = LiveEngine(backend, policy, PLACERS.get("first-fit")(), clock=clock, recovery=recovery,
                         round_interval=None, on_event=outcome.events.append)
@@ -140,7 +177,7 @@ def local_world(specs: Sequence[JobSpec], policy, *, nodes: int = 2, launch: Lau
         clock.call_at(spec.submit_time, lambda spec=spec: engine.submit(spec))
     wall = time.perf_counter()
     try:
-        engine.run_until(lambda: engine.idle() and not backend.running() and not clock.scheduled, timeout=120)
+        engine.run_until(lambda: engine.idle() and not backend.running() and not clock.scheduled, timeout=timeout)
     finally:
         backend.close()
         shutil.rmtree(root, ignore_errors=True)
@@ -156,10 +193,11 @@ def local_world(specs: Sequence[JobSpec], policy, *, nodes: int = 2, launch: Lau
     return outcome
 
 
-WORLDS = {"sim": sim_world, "local": local_world}
+WORLDS = {"sim": sim_world, "local": local_world, "slurm": slurm_world}
+MARKS = {"slurm": pytest.mark.slurm}  # a world that needs a real system runs in that system's tier
 
 
-@pytest.fixture(params=sorted(WORLDS))
+@pytest.fixture(params=[pytest.param(name, marks=MARKS.get(name, ())) for name in sorted(WORLDS)])
 def world(request):
     return WORLDS[request.param]
 

@@ -46,7 +46,7 @@ def test_slurm_output_is_parsed_from_its_one_line_formats():
     assert exit_status("CANCELLED", "0:15") == 143 and exit_status("NODE_FAIL", "0:0") == 137
     assert exit_status("TIMEOUT", "0:0") == 143
     assert [node_condition(s) for s in ("IDLE", "MIXED", "DOWN*", "IDLE+DRAIN", "DRAINED", "ALLOCATED*")] == \
-        ["up", "up", "down", "drained", "drained", "down"]
+        ["up", "up", "down", "drained", "drained", "up"]
     assert backend_class("slurm") is SlurmBackend
 
 

@@ -83,9 +83,10 @@ def _tree_only(text: str) -> str:
 
 
 def node_condition(state: str) -> str:
-    """`IDLE`, `MIXED`, `DOWN*`, `IDLE+DRAIN`, `DRAINED`, … → up | down | drained."""
+    """`IDLE`, `MIXED`, `DOWN*`, `IDLE+DRAIN`, `DRAINED`, … → up | down | drained. A node that is
+    only not responding (`IDLE*`) is not down yet: Slurm marks it DOWN after SlurmdTimeout."""
     flags = state.upper()
-    if "DOWN" in flags or "FAIL" in flags.replace("FAILING", "") or flags.endswith("*") or "NOT_RESPONDING" in flags:
+    if "DOWN" in flags or "FAIL" in flags.replace("FAILING", ""):
         return "down"
     if "DRAIN" in flags:
         return "drained"
@@ -97,15 +98,18 @@ class SlurmBackend(LocalBackend):
 
     def __init__(self, cli: SlurmCLI, *, root: str | Path, gpu_type: str | None = None, partition: str | None = None,
                  time_limit_s: float = DEFAULT_TIME_LIMIT_S, time_factor: float | None = None,
-                 node_poll_s: float = 1.0, **local: Any) -> None:
+                 node_poll_s: float = 1.0, launch_delay: Any = 0.0, **local: Any) -> None:
         self.cli = cli
         self.queue = QueueView(cli)
         self.partition, self.time_limit_s, self.time_factor = partition, time_limit_s, time_factor
         self.node_poll_s = node_poll_s
-        super().__init__(slurm_topology(cli, gpu_type), root=root, launch_delay=0.0, **local)
+        # launch_delay: an extra emulated delay before submission (the conformance suite's launch model)
+        super().__init__(slurm_topology(cli, gpu_type), root=root, launch_delay=launch_delay, **local)
         (self.layout.root / "slurm").mkdir(parents=True, exist_ok=True)
         self.held = self._settle_held()
         self._conditions: dict[str, str] = {}
+        self._cond_lock = threading.Lock()
+        self._cond_version = 0  # bumped by fail_node/repair_node: a read that straddles one is dropped
         self._node_thread: threading.Thread | None = None
 
     @classmethod
@@ -208,28 +212,45 @@ class SlurmBackend(LocalBackend):
     def _watch_nodes(self) -> None:
         while not self._closed:
             time.sleep(self.node_poll_s)
+            version = self._cond_version
             try:
                 now = self._read_conditions()
             except SlurmError as exc:
                 log.warning("cannot read Slurm's node states: %s", exc)
                 continue
-            for name, seen in now.items():
-                before = self._conditions.get(name, "up|")
-                if seen.split("|")[0] != before.split("|")[0]:
-                    self._node_changed(name, before.split("|")[0], *seen.split("|", 1))
-            self._conditions = now
+            with self._cond_lock:
+                if version != self._cond_version:
+                    continue
+                changed = [(name, self._conditions.get(name, "up|").split("|")[0], seen) for name, seen in now.items()
+                           if seen.split("|")[0] != self._conditions.get(name, "up|").split("|")[0]]
+                self._conditions = now
+            for name, before, seen in changed:
+                self._node_changed(name, before, *seen.split("|", 1))
 
     def _node_changed(self, name: str, before: str, after: str, reason: str) -> None:
         why = f"Slurm: node {name} is {after}" + (f" ({reason})" if reason else "")
         log.info("%s (was %s)", why, before)
         if before == "down":
-            self.repair_node(name)
+            LocalBackend.repair_node(self, name)
         if after == "down":
-            self.fail_node(name, why)
+            LocalBackend.fail_node(self, name, why)
         elif after == "drained":
             self.drain_node(name, why)
         elif before == "drained":
             self.undrain_node(name)
+
+    def fail_node(self, name: str, cause: str = "emulated node failure") -> None:
+        """Take a node down in Slurm (which ends its jobs) and report it at once."""
+        self.cli.run(["scontrol", "update", f"nodename={name}", "state=down", f"reason={cause[:60]}"], check=False)
+        with self._cond_lock:
+            self._conditions[name], self._cond_version = "down|" + cause, self._cond_version + 1
+        super().fail_node(name, cause)
+
+    def repair_node(self, name: str) -> None:
+        self.cli.run(["scontrol", "update", f"nodename={name}", "state=resume"], check=False)
+        with self._cond_lock:
+            self._conditions[name], self._cond_version = "up|", self._cond_version + 1
+        super().repair_node(name)
 
     def close(self, *, kill: bool = True) -> None:
         super().close(kill=kill)

@@ -143,12 +143,13 @@ def missing_requirements() -> str | None:
 
 class SlurmCluster:
     def __init__(self, n_nodes: int = N_NODES, gpus_per_node: int = GPUS_PER_NODE,
-                 start_timeout_s: float = START_TIMEOUT_S) -> None:
-        if n_nodes % NODES_PER_LEAF:
-            raise ValueError(f"n_nodes must be a multiple of {NODES_PER_LEAF}")
-        self.n_nodes, self.gpus_per_node = n_nodes, gpus_per_node
+                 start_timeout_s: float = START_TIMEOUT_S, prefix: str = "n") -> None:
+        self.per_leaf = min(NODES_PER_LEAF, n_nodes)
+        if n_nodes < 1 or n_nodes % self.per_leaf:
+            raise ValueError(f"n_nodes must be a multiple of {NODES_PER_LEAF} (or fewer)")
+        self.n_nodes, self.gpus_per_node, self.prefix = n_nodes, gpus_per_node, prefix
         self.start_timeout_s = start_timeout_s
-        self.nodes = [f"n{i}" for i in range(n_nodes)]
+        self.nodes = [f"{prefix}{i}" for i in range(n_nodes)]
         self.netns = f"loom-slurm-{secrets.token_hex(4)}"
         self.root: Path | None = None
         self.conf: Path | None = None
@@ -289,7 +290,7 @@ class SlurmCluster:
             # which only the backfill scheduler starts, every second (default 30 s)
             "SchedulerParameters=batch_sched_delay=0,bf_interval=1",
             "SlurmdParameters=config_overrides",  # trust the configured CPUs/memory, not this host's
-            "ReturnToService=2",
+            "ReturnToService=1",  # a node set DOWN stays down until resumed (2 would return it at its next ping)
             "MinJobAge=3600",  # finished jobs stay visible to `scontrol show job`
             "MailProg=/bin/true",
             "SlurmctldTimeout=30",
@@ -312,12 +313,13 @@ class SlurmCluster:
                 subprocess.run([which("mknod"), str(ddir / f"nvidia{g}"), "c", "195", str(i * self.gpus_per_node + g)],
                                check=True, capture_output=True)
             gres_lines.append(f"NodeName={node} Name=gpu File={ddir}/nvidia[0-{self.gpus_per_node - 1}]")
-        conf_lines.append(f"PartitionName=all Nodes=n[0-{self.n_nodes - 1}] Default=YES MaxTime=INFINITE State=UP")
-        leaves = self.n_nodes // NODES_PER_LEAF
+        px = self.prefix
+        conf_lines.append(f"PartitionName=all Nodes={px}[0-{self.n_nodes - 1}] Default=YES MaxTime=INFINITE State=UP")
+        leaves = self.n_nodes // self.per_leaf
         topo = []
         for s in range(leaves):
-            lo = s * NODES_PER_LEAF
-            topo.append(f"SwitchName=leaf{s} Nodes=n[{lo}-{lo + NODES_PER_LEAF - 1}]")
+            lo = s * self.per_leaf
+            topo.append(f"SwitchName=leaf{s} Nodes={px}[{lo}-{lo + self.per_leaf - 1}]")
         spines = max(1, leaves // 2)
         per_spine = leaves // spines
         for s in range(spines):
