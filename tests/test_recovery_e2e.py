@@ -24,7 +24,7 @@ from loom.service.backends.runs import current_workdir
 from loom.service.clock import WallClock
 from loom.service.engine import LiveEngine
 from loom.service.specs import LaunchSpec
-from loom.service.testing import loss_curve, processes_under
+from loom.service.testing import job_processes, loss_curve
 from loom.workload.job import JobSpec
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "jobs" / "gpt_train.py"
@@ -93,7 +93,7 @@ def test_a_job_on_a_node_that_breaks_is_diagnosed_localised_and_restarted_on_a_s
         assert ran == loss_curve(base / "w" / "loss.jsonl")  # from the restored checkpoint on, the same curve
         assert sorted(ran) == list(range(1, ITERS + 1))
         assert not backend.running()
-        assert processes_under(backend.layout.runtime()) == []  # the hung incarnation's workers too
+        assert job_processes(backend.layout.runtime()) == []  # the hung incarnation's workers too
     finally:
         baseline.kill()
         engine.stop()

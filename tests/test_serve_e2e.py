@@ -10,13 +10,10 @@ import signal
 import pytest
 from test_local_backend import EXAMPLE, ITERS, JOB_ARGS, _baseline
 
-from loom.service.testing import loss_curve
-
 from loom.service.backends.runs import Layout
-from loom.service.testing import kill_under, start, wait_for
+from loom.service.testing import kill_under, loss_curve, start, wait_for
 
 pytestmark = pytest.mark.slow
-
 
 
 def test_a_training_job_submitted_through_the_api_is_preempted_resumed_elsewhere_and_keeps_its_loss_curve(tmp_path):

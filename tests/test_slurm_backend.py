@@ -253,3 +253,30 @@ def test_a_restarted_service_adopts_running_jobs_and_settles_held_ones(cluster, 
         backend.close()
         clock.close()
         cli.run(["scancel", str(recorded)], check=False)
+
+
+@needs_slurm
+@pytest.mark.slurm
+def test_loom_serve_schedules_through_slurm(cluster, tmp_path):
+    """`loom serve --backend slurm`: jobs submitted through the API run as Slurm jobs and finish."""
+    from loom.service.testing import start, wait_for
+
+    env = cluster.env()
+    served = start(tmp_path / "data", "--backend", "slurm", "--gpu-type", "A100-80GB", "--policy", "fcfs",
+                   "--placer", "topo-aware", "--round-interval", "1",
+                   env={"LOOM_SLURM_PREFIX": " ".join(cluster._ns([])), "SLURM_CONF": env["SLURM_CONF"],
+                        "MUNGE_SOCKET": env["MUNGE_SOCKET"]})
+    try:
+        with served.client() as c:
+            for job_id, gpus in (("s1", 8), ("s2", 16), ("s3", 3)):
+                c.submit({"job_id": job_id, "gpus": gpus, "duration": 2.0})
+            wait_for(lambda: all(c.status(j)["state"] == "FINISHED" for j in ("s1", "s2", "s3")), 120, "finished")
+            listed = c.nodes()
+            rows = listed.get("nodes", listed) if isinstance(listed, dict) else listed
+            assert {n["name"] for n in rows} == set(cluster.nodes)  # the inventory is Slurm's
+        done = _cli(cluster).run(["squeue", "-h", "-a", "-t", "all", "-o", "%j|%T"]).split()
+        for job_id in ("s1", "s2", "s3"):
+            assert f"loom.{job_id}|COMPLETED" in done, done
+    finally:
+        served.kill()
+        cluster.run("scancel -u root")

@@ -216,8 +216,12 @@ written to DATA_DIR/admin.token; make tenants with `loom tenant NAME --token $(c
 def serve_cmd(
     data_dir: Path = typer.Option(Path("loom-data"), "--data-dir", help="The store (SQLite), job files, admin token."),
     db: str = typer.Option(None, "--db", help="Store URL instead of SQLite in --data-dir (postgresql://user@host:port/db)."),
-    backend: str = typer.Option("local", "--backend", help="local (processes through `loom run` on emulated nodes) "
-                                "or sim (nothing runs; jobs take their durations)."),
+    backend: str = typer.Option("local", "--backend", help="local (processes through `loom run` on emulated nodes), "
+                                "slurm (batch jobs on the Slurm cluster this host's scontrol/sbatch reach; "
+                                "LOOM_SLURM_PREFIX prepends a command to them) or sim (nothing runs; jobs take their "
+                                "durations)."),
+    gpu_type: str = typer.Option(None, "--gpu-type", help="slurm: the GPU type of nodes whose Gres= names none."),
+    partition: str = typer.Option(None, "--partition", help="slurm: the partition Loom's jobs are submitted to."),
     inventory: Path = typer.Option(None, "--inventory", help="The local backend's inventory file (nodes, GPUs)."),
     cluster: str = typer.Option(None, "--cluster", help="The sim backend's cluster, as `loom simulate --cluster`."),
     policy: str = typer.Option("fcfs", "--policy", help="Scheduling policy (`loom policies`)."),
@@ -236,7 +240,9 @@ def serve_cmd(
     POLICIES.get(policy), PLACERS.get(placer)  # unknown names: a clear error before anything starts
     serve(ServeOptions(data_dir=data_dir, db=db, backend=backend, inventory=inventory, cluster=cluster, policy=policy,
                        placer=placer, round_interval=round_interval, host=host, port=port, recovery=recovery,
-                       spares_per_minipod=spares),
+                       spares_per_minipod=spares,
+                       backend_options={k: v for k, v in (("gpu_type", gpu_type), ("partition", partition))
+                                        if v is not None}),
           announce=lambda text: typer.echo(text, err=True))
 
 

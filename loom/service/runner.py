@@ -137,6 +137,8 @@ def build_backend(options: ServeOptions) -> Any:
     from loom.service.backends import backend_class
 
     cls = backend_class(options.backend)
+    if options.backend == "slurm":  # Slurm's own inventory; job files under the data directory
+        return cls.from_environment(root=options.data_dir / "slurm", **options.backend_options)
     if options.backend == "local":
         if options.inventory is None:
             raise LoomInputError("the local backend needs an inventory file (--inventory FILE)", field="inventory")

@@ -44,13 +44,14 @@ class Served:
         self.proc.wait(timeout=60)
 
 
-def start(data_dir: Path, *args: str, port: int | None = None, timeout: float = 60.0) -> Served:
+def start(data_dir: Path, *args: str, port: int | None = None, timeout: float = 60.0,
+          env: dict[str, str] | None = None) -> Served:
     port = port or free_port()
     log = data_dir.parent / f"{data_dir.name}-serve-{port}.log"
     with open(log, "ab") as out:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen([sys.executable, "-m", "loom.cli.main", "serve", "--data-dir", str(data_dir),
                                  "--port", str(port), *args], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while True:
@@ -116,7 +117,7 @@ def loss_curve(path: Path) -> dict[int, float]:
     return out
 
 
-def processes_under(runtime_dir: Path) -> list[int]:
+def job_processes(runtime_dir: Path) -> list[int]:
     """Live processes of jobs whose runtime directory is `runtime_dir` (from their environment):
     what a test checks is gone once its jobs were stopped or killed."""
     import os

@@ -52,7 +52,10 @@ DEFAULT_TIME_LIMIT_S = 7 * 24 * 3600.0
 
 def slurm_topology(cli: SlurmCLI, gpu_type: str | None = None, name: str = "slurm") -> Topology:
     """The cluster as Slurm describes it: gres GPUs per node, the topology/tree switches."""
-    nodes = cli.nodes()
+    try:
+        nodes = cli.nodes()
+    except SlurmError as exc:
+        raise LoomInputError(f"cannot read the Slurm cluster's nodes: {exc}", source="slurm", field="backend") from None
     gres = {n["NodeName"]: gpu_gres(n.get("Gres", "")) for n in nodes if "NodeName" in n}
     if not gres:
         raise LoomInputError("Slurm reports no nodes (`scontrol show nodes` is empty)", source="slurm")
