@@ -64,6 +64,7 @@ _TIMES = (
     (re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T_](\d{2}):(\d{2}):(\d{2})(?:[.,](\d+))?"), "iso"),
     (re.compile(r"^\[?[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d+)"), "glog"),
     (re.compile(r"\[\w{3} (\w{3}) +(\d+) (\d{2}):(\d{2}):(\d{2}) (\d{4})\]"), "dmesg"),
+    (re.compile(r"^([A-Z][a-z]{2}) +(\d{1,2}) (\d{2}):(\d{2}):(\d{2}) \S+ "), "syslog"),  # RFC 3164: no year
 )
 _MONTHS = {m: i for i, m in enumerate(("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov",
                                        "Dec"), 1)}
@@ -105,7 +106,8 @@ def template_regex(template: str) -> str:
 
 
 def timestamp(body: str, year: int) -> float | None:
-    """Seconds since the epoch of a timestamp at the start of a line (ISO, glog or dmesg), if any."""
+    """Seconds since the epoch of a timestamp at the start of a line (ISO, glog, dmesg or syslog, whose
+    year is that of the last timestamp seen), if any."""
     head = body[:64]
     if ":" not in head:
         return None
@@ -119,6 +121,10 @@ def timestamp(body: str, year: int) -> float | None:
                 return datetime(int(g[0]), int(g[1]), int(g[2]), int(g[3]), int(g[4]), int(g[5])).timestamp()
             if kind == "glog":
                 return datetime(year, int(g[0]), int(g[1]), int(g[2]), int(g[3]), int(g[4])).timestamp()
+            if kind == "syslog":
+                if g[0] not in _MONTHS:
+                    continue
+                return datetime(year, _MONTHS[g[0]], int(g[1]), int(g[2]), int(g[3]), int(g[4])).timestamp()
             return datetime(int(g[5]), _MONTHS.get(g[0], 1), int(g[1]), int(g[2]), int(g[3]), int(g[4])).timestamp()
         except ValueError:
             return None

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from loom.diagnosis import scenarios as sc
 from loom.diagnosis.logsim import Ctx, new_ctx, routine_steps, start_job, train_steps
 
-GENERATOR_VERSION = "1"
+GENERATOR_VERSION = "2"
 HEALTHY = "Healthy"  # label of healthy runs; the diagnosis expected for them is Unknown
 LOGS_PER_TEMPLATE = 5
 

@@ -23,7 +23,22 @@ from dataclasses import dataclass
 from loom.diagnosis.compress import CompressedLog, KeptLine
 from loom.diagnosis.taxonomy import UNKNOWN
 
-_XID = r"\bXid \(PCI:[^)]*\): "
+# NVIDIA's Xid catalogue: what each kernel-reported GPU error code means in Acme's taxonomy, and
+# its tier. Most are hardware reports (tier 0); 43 (a channel reset after the application's own
+# fault) is what a process raises; 45 (preemptive cleanup) follows a process being killed, so it
+# ranks with the secondary errors and is weak.
+XID_CODES: dict[int, tuple[str, int, bool]] = {
+    **{code: ("CUDAError", 0, False) for code in (13, 31, 61, 62, 69, 79, 109, 119, 120)},
+    43: ("CUDAError", 1, False),
+    45: ("CUDAError", 3, True),
+    **{code: ("ECCError", 0, False) for code in (48, 63, 64, 92, 94, 95)},
+    74: ("NVLinkError", 0, False),
+}
+# An Xid as the kernel (`NVRM: Xid (PCI:0000:3b:00): 79,`), DCGM (`XID error 79`) or a device
+# plugin (`Xid=48`) prints it; NVSwitch's SXid is not an Xid (no word boundary before "Xid").
+_XID = r"(?i:\bxid)(?: \((?:PCI:)?[0-9A-Fa-f:.]+\))?(?::| error:?|=)? *"
+# DCGM health-watch failure codes (DCGM_FR_*), by the component they name.
+_DCGM = r"\bDCGM_FR_\w*?"
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,23 +54,101 @@ def _r(name: str, error_type: str | None, tier: int, pattern: str, weak: bool = 
     return Rule(name, error_type, tier, re.compile(pattern), weak)
 
 
+def _alt(*parts: str) -> str:
+    """Alternatives, each in its own group; a part may start with `(?i)` to match ignoring case."""
+    return "|".join(f"(?i:{p[4:]})" if p.startswith("(?i)") else f"(?:{p})" for p in parts)
+
+
+def _xid_rules() -> tuple[Rule, ...]:
+    groups: dict[tuple[str, int, bool], list[int]] = {}
+    for code, key in sorted(XID_CODES.items()):
+        groups.setdefault(key, []).append(code)
+    return tuple(_r(f"xid:{t}:{tier}", t, tier, _XID + r"(?:" + "|".join(map(str, codes)) + r")\b", weak)
+                 for (t, tier, weak), codes in groups.items())
+
+
 RULES: tuple[Rule, ...] = (
-    _r("torchrun-summary", None, 9, r"ChildFailedError|^Root Cause \(first observed failure\)"),
-    _r("ecc", "ECCError", 0, r"(?i)\becc error|uncorrectable ecc|double.bit ecc|\bDBE\b|" + _XID + r"(?:48|63|64|92|94|95)\b"),
-    _r("nvlink", "NVLinkError", 0, r"(?i)nvlink:? (?:fatal )?error|uncorrectable nvlink|" + _XID + r"74\b"),
-    _r("xid-gpu", "CUDAError", 0, _XID + r"(?:13|31|43|45|61|62|69|79)\b"),
-    _r("node-failure", "NodeFailure", 0, r"(?i)\bnode failure\b|became NotReady|NodeStatusUnknown|"
-                                         r"\bnode \S+ (?:is )?(?:down|unreachable|lost)\b"),
-    _r("loss-spike", "LossSpike", 0, r"(?i)loss spike|loss is nan|\bnan loss\b|loss (?:is|became) inf"),
-    _r("oom", "OOM", 1, r"(?i)out of memory|OutOfMemoryError"),
-    _r("cuda", "CUDAError", 1, r"(?i)CUDA error|cudaError\w+|CUBLAS_STATUS_\w+|CUDNN_STATUS_\w+|unhandled cuda error|"
-                               r"device-side assert triggered"),
-    _r("storage", "StorageError", 1, r"S3StorageError|(?i:stale file handle)|\[Errno (?:5|28|121|122)\] "
-                                     r"(?:Input/output error|No space left on device|Remote I/O error|Disk quota)"),
-    _r("nccl-timeout", "NCCLTimeout", 3, r"Watchdog caught collective operation timeout|(?i:nccl timeout)"),
-    _r("nccl-remote", "NCCLRemoteError", 2, r"ncclRemoteError|remote process exited or there was a network error|"
-                                            r"NET/IB : Got completion from peer .* with error"),
-    _r("connection-explicit", "ConnectionError", 1, r"\b(?:\w+\.)*exceptions\.ConnectionError\b|^ConnectionError:"),
+    # claimed, never a root cause: the launcher's summary and its report of signals it sent
+    _r("torchrun-summary", None, 9, r"ChildFailedError|^Root Cause \(first observed failure\)|"
+                                    r"SignalException: Process \d+ got signal"),
+    # -- tier 0: hardware and cluster reports (they explain the errors processes raise) --------------
+    *_xid_rules(),
+    _r("ecc", "ECCError", 0, _alt(r"(?i)\becc error|uncorrectable ecc|double.bit ecc|\bDBE\b",
+                                  _DCGM + r"(?:DBE|SBE|ECC|RETIRED_PAGES|ROW_REMAP|UNCONTAINED)\w*")),
+    _r("nvlink", "NVLinkError", 0, _alt(r"(?i)nvlink:? (?:fatal )?error|uncorrectable nvlink|nvswitch fatal error",
+                                        r"\bSXid\b.*\bFatal\b", _DCGM + r"(?:NVLINK|NVSWITCH)\w*",
+                                        r"(?i)nvlink\b.*\b(?:is (?:currently )?down|inactive|training failed)")),
+    _r("gpu-bus", "CUDAError", 0, _alt(r"(?i)fallen off the bus|\bGPU is lost\b|AER: Uncorrected",
+                                       r"(?i)PCIe Bus Error: severity=Uncorrected",
+                                       _DCGM + r"(?:FALLEN_OFF_BUS|GPU_LOST|PCI\w*)\b")),
+    _r("nic-link-down", "NCCLRemoteError", 0, r"\bmlx\d_core\b.*\bLink down\b|\bib\d+: Link down\b"),
+    _r("node-failure", "NodeFailure", 0, _alt(r"(?i)\bnode failure\b|became NotReady|NodeStatusUnknown",
+                                              r"(?i)\bnode \S+ (?:is )?(?:down|unreachable|lost)\b",
+                                              r"\bNODE_FAIL\b|(?i:\bnodes? \S+ (?:is )?not responding)",
+                                              r"DUE TO (?:NODE FAILURE|PREEMPTION)",
+                                              r"(?i)\bpod \S+ (?:was )?(?:preempted|evicted)\b")),
+    _r("loss-spike", "LossSpike", 0, _alt(r"(?i)loss spike|\bnan loss\b|non-finite loss|\bloss['\"]?\s*(?:is|became|=|:)"
+                                          r"\s*[-+]?(?:nan|inf)\b",
+                                          r"(?i)minimum loss scale|loss scale already at minimum",
+                                          r"(?i)\b(?:loss|training|model|run) (?:has )?diverged|divergence detected",
+                                          r"(?i)found nan in (?:\w+ )*grad|grad(?:ient)?[ _]norm (?:is )?(?:nan|inf)\b|"
+                                          r"gradient explosion")),
+    # -- tier 1: what a process raises itself ---------------------------------------------------------
+    _r("oom", "OOM", 1, _alt(r"(?i)out of memory|OutOfMemoryError|\bMemoryError\b|RESOURCE_EXHAUSTED",
+                             r"_ALLOC_FAILED\b|cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY",
+                             r"(?i)can't allocate memory|cannot allocate memory|out of shared memory",
+                             r"\boom-kill(?:er)?\b|\bOOMKilled\b|Killed process \d+|killed by signal: Killed")),
+    _r("oom-worker", "OOM", 1, r"DataLoader worker \(pid\(?s?\)? [\d, ]+\) exited unexpectedly", weak=True),
+    _r("index-assert", "IndexError", 1, r"Assertion `[^`]*(?i:index|idx)[^`]*` failed|(?i:index out of bounds)"),
+    _r("cuda", "CUDAError", 1, r"(?i)CUDA (?:driver )?error|cudaError\w+|CUDA_ERROR_\w+|CUBLAS_STATUS_\w+|"
+                               r"CUDNN_STATUS_\w+|unhandled cuda error|Cuda failure|device-side assert triggered"),
+    _r("storage", "StorageError", 1, _alt(
+        r"S3\w*Error|(?i:stale file handle)|\[Errno (?:5|28|108|116|121|122)\] (?:Input/output error|"
+        r"No space left on device|Remote I/O error|Disk quota|Cannot send after transport endpoint shutdown|"
+        r"Stale file handle)",
+        r"(?i)no space left on device|disk quota exceeded|QuotaExceeded",
+        r"PytorchStreamWriter failed writing|file write failed|\bunexpected pos \d+ vs \d+",
+        r"\bLustreError\b|evicted by \S*(?:MDT|OST)|\bnfs: server \S+ not responding|\bmmfs\w*: \[E\]",
+        # object stores: throttling, 5xx and transport failures of their clients
+        r"botocore\.exceptions\.(?:ClientError: An error occurred \((?:SlowDown|ServiceUnavailable|InternalError|"
+        r"RequestTimeout|Throttl\w*|50\d)\)|EndpointConnectionError|ReadTimeoutError|ConnectTimeoutError|"
+        r"ConnectionClosedError)",
+        r"google\.api_core\.exceptions\.(?:ServiceUnavailable|TooManyRequests|InternalServerError|GatewayTimeout|"
+        r"BadGateway|RetryError|DeadlineExceeded)",
+        r"azure\.core\.exceptions\.(?:ServiceResponseError|ServiceRequestError|HttpResponseError: \((?:ServerBusy|"
+        r"InternalError|OperationTimedOut)\))|\b503 Slow ?Down\b|reduce your request rate")),
+    _r("connection-explicit", "ConnectionError", 1, _alt(
+        r"\b(?:\w+\.)*exceptions\.ConnectionError\b|^ConnectionError:",
+        r"requests\.exceptions\.(?:HTTPError|ConnectTimeout|ReadTimeout|ChunkedEncodingError)",
+        r"urllib3\.exceptions\.(?:MaxRetryError|ProtocolError|NewConnectionError|ReadTimeoutError)|"
+        r"Max retries exceeded with url",
+        r"urllib\.error\.URLError|<urlopen error|http\.client\.RemoteDisconnected",
+        r"\bwandb\.errors\.(?:\w+\.)?(?:CommError|UsageError)|"
+        r"mlflow\.exceptions\.MlflowException: API request .* failed",
+        r"StatusCode\.UNAVAILABLE|_InactiveRpcError|\betcd\w*\.exceptions\.\w+|\bredis\.exceptions\.\w+",
+        r"\b5\d\d Server Error\b")),
+    _r("framework-runtime", "RuntimeError", 1, r"^\s*(?:\w+\.)*RuntimeError: .*(?:" + _alt(
+        r"Expected to (?:have finished reduction|mark a variable ready)", r"expected scalar type",
+        r"must have the same dtype", r"same device|at least two devices", r"Error\(s\) in loading state_dict",
+        r"size mismatch", r"shape '[^']*' is invalid", r"mat1 and mat2", r"The size of tensor a",
+        r"Input type \(.*\) and weight type") + ")"),
+    _r("import-binary", "ImportError", 1, r"undefined symbol: |cannot open shared object file"),
+    # -- tier 2: what peers see when a process, node or link dies -----------------------------------
+    _r("nccl-remote", "NCCLRemoteError", 2, _alt(
+        r"ncclRemoteError|remote process exited or there was a network error",
+        r"NET/IB : Got completion from peer .* with (?:error|status)",
+        r"Connection closed by (?:remote )?peer.*(?:<\d+>|\]:\d+)|IBV_WC_\w+_ERR|ibv_poll_cq|"
+        r"(?i:transport retry count(?:er)? exceeded)")),
+    _r("node-keepalive", "NodeFailure", 2, r"failed to send a keep-alive heartbeat|Rendezvous(?:Connection|Closed)Error"),
+    _r("c10d-socket", "NCCLRemoteError", 2, r"(?:c10d|gloo|ProcessGroup\w*|TCPStore|DistNetworkError).*"
+                                            r"(?:Connection reset by peer|Connection closed by peer|Broken pipe)",
+       weak=True),
+    # -- tier 3: hangs, seen by the ranks that waited ----------------------------------------------------
+    _r("nccl-timeout", "NCCLTimeout", 3, _alt(
+        r"Watchdog caught collective operation timeout|(?i:nccl timeout)",
+        r"Heartbeat monitor timed out|watchdog got stuck",
+        r"Timed out waiting \d+ms for (?:recv|send) operation", r"(?i)no heartbeat received|training appears hung",
+        r"(?i)detected stragglers")),
     _r("connection-socket", "ConnectionError", 2, r"Connection reset by peer|Connection refused|Broken pipe|"
                                                   r"^(?:ConnectionResetError|ConnectionRefusedError|"
                                                   r"ConnectionAbortedError|BrokenPipeError)\b", weak=True),
@@ -75,9 +168,14 @@ _BY_EXCEPTION = {name: _r(f"exception:{name}", t, 1, r"^") for name, t in EXCEPT
 
 # Every rule above needs one of these words, lower-cased (checked by tests/test_diagnosis.py on
 # the corpus): plain substring tests reject most lines before any regex runs.
-TRIGGERS = ("error", "ecc", "dbe", "xid", "nvlink", "node", "loss spike", "loss is", "loss became", "nan loss",
-            "memory", "cuda", "cublas", "cudnn", "assert", "stale", "errno", "watchdog", "timeout", "nccl",
-            "remote", "connection", "broken pipe", "exception", "root cause")
+TRIGGERS = ("error", "ecc", "dbe", "xid", "dcgm_fr", "nvlink", "nvswitch", "aer:", "fallen off", "gpu is lost",
+            "link down", "node", "pod ", "loss", "nan", "diverg", "grad", "memory", "oom", "alloc_failed", "killed",
+            "cuda", "cublas", "cudnn", "assert", "stale", "errno", "quota", "space left", "streamwriter",
+            "file write failed", "unexpected pos", "lustre", "nfs: server", "mmfs", "slow", "request rate",
+            "watchdog", "timeout", "timed out", "heartbeat", "hung", "straggler", "nccl", "remote", "peer", "ibv_",
+            "retry count", "connection", "broken pipe", "exception", "max retries", "urlopen", "statuscode",
+            "_inactiverpc", "root cause", "signal", "undefined symbol", "shared object", "expected", "dtype",
+            "device", "mat1", "size", "shape", "unavailable", "rendezvous")
 
 
 def classify_line(body: str) -> Rule | None:
