@@ -76,7 +76,7 @@ RULES: tuple[Rule, ...] = (
     _r("ecc", "ECCError", 0, _alt(r"(?i)\becc error|uncorrectable ecc|double.bit ecc|\bDBE\b",
                                   _DCGM + r"(?:DBE|SBE|ECC|RETIRED_PAGES|ROW_REMAP|UNCONTAINED)\w*")),
     _r("nvlink", "NVLinkError", 0, _alt(r"(?i)nvlink:? (?:fatal )?error|uncorrectable nvlink|nvswitch fatal error",
-                                        r"\bSXid\b.*\bFatal\b", _DCGM + r"(?:NVLINK|NVSWITCH)\w*",
+                                        r"\bSXid\b.*(?<![Nn]on-)\b[Ff]atal\b", _DCGM + r"(?:NVLINK|NVSWITCH)\w*",
                                         r"(?i)nvlink\b.*\b(?:is (?:currently )?down|inactive|training failed)")),
     _r("gpu-bus", "CUDAError", 0, _alt(r"(?i)fallen off the bus|\bGPU is lost\b|AER: Uncorrected",
                                        r"(?i)PCIe Bus Error: severity=Uncorrected",
