@@ -75,10 +75,14 @@ def test_slurm_cluster_starts_runs_a_job_and_stops() -> None:
         out = (root / "jobs" / f"{job_id}.out").read_text()
         assert "NODE=n3 " in out, out
         assert re.search(r"GPUS=\d+,\d+$", out, re.MULTILINE), out  # two fake GPUs bound through gres File=
+        ours = set(cluster.ns_pids())  # this cluster's processes, just before it closes
+        assert {comm for pid, comm in _daemon_pids() if pid in ours} >= {"slurmctld", "slurmd", "munged"}
 
     # nothing left: no daemon started by the cluster, no namespace, no directory
     time.sleep(0.1)
-    leftover = [p for p in _daemon_pids() if p not in before]
+    # only this cluster's processes (its network namespace's, seen just before it closed): other
+    # clusters of tests running beside this one have daemons of their own
+    leftover = [p for p in _daemon_pids() if p not in before and p[0] in ours]
     assert leftover == [], leftover
     assert not os.path.exists(f"/var/run/netns/{netns}")
     assert not root.exists()

@@ -417,6 +417,11 @@ class Runtime:
         if plan.stop and self._agree(result.error is None and (self.rank != 0 or result.info is not None)):
             self._stop(served, result)
         self._set_state("running")
+        if plan.stop and self.channel is not None:  # not stopped: say so once the job runs again
+            error = result.error or "another process's part failed"
+            for request in (r for r in served if r.action in STOPPING_ACTIONS):
+                self.channel.ack(request.seq, "failed", reason=f"checkpoint failed: {error}; the job keeps running",
+                                 iteration=result.iteration, action=request.action)
 
     def _broadcast_plan(self, forced: bool, served: list[Request]) -> Plan:
         return Plan(*self.barrier.broadcast_plan(forced or bool(served),
@@ -448,8 +453,8 @@ class Runtime:
                         bytes=result.info.bytes, stall_s=round(result.stall_s, 6),
                         seconds=round(time.monotonic() - result.started, 6))
         for request in served:
-            if request.action in STOPPING_ACTIONS and result.error is None:
-                continue  # acked by _stop once the job is stopped
+            if request.action in STOPPING_ACTIONS:
+                continue  # acked by _stop once the job is stopped, or by _serve_cut once it runs again
             self._ack_after_save(request, result, stopping)
 
     def _ack_after_save(self, request: Request, result: SaveResult, stopping: bool) -> None:
