@@ -28,10 +28,10 @@ def test_store_holds_the_training_split_only(store):
     assert s.vectors.shape == (len(s.texts), 384) and s.roots.sum() > 0
 
 
-def test_retrieval_finds_a_node_failure_the_rules_call_a_connection_error(store):
+def test_retrieval_finds_a_node_failure_the_rules_take_for_a_network_error(store):
     s, embed = store
     log = corpus.render(next(t for t in corpus.TEMPLATES if t.name == "node-heartbeat-storm"), 0)
-    assert diagnose(log.lines, retrieval=False).error_type == "ConnectionError"
+    assert diagnose(log.lines, retrieval=False).error_type in ("ConnectionError", "NCCLRemoteError")  # a weak match
     found = rt.query(compress(log.lines), s, embed)
     assert found is not None and found.error_type == "NodeFailure" and found.lines[0].number in log.root_cause
 
@@ -46,7 +46,7 @@ def test_rules_plus_retrieval_beat_rules_alone_on_the_test_split(store, monkeypa
     right = sum(d.error_type == e for d, e in zip(both, expected))
     hits = sum(bool(set(d.root_cause_line_numbers[:1]) & log.root_cause) for d, log in zip(both, logs) if log.root_cause)
     assert right > alone
-    assert right / len(logs) >= 0.85  # measured 0.895 (bench/diagnosis.py); the floor is 0.90
+    assert right / len(logs) >= 0.9  # the floor; measured 1.00 (bench/diagnosis.py, corpus v2)
     assert hits / sum(bool(log.root_cause) for log in logs) >= 0.9
 
 
