@@ -30,7 +30,7 @@ LOGS_PER_TEMPLATE = 5
 class Template:
     name: str
     error_type: str
-    split: str  # "train" | "test" | "blind"
+    split: str  # "train" | "test" | "blind" | "blind2"
     write: Callable[[Ctx], None]
 
 
