@@ -216,10 +216,19 @@ def test_harmless_noise_is_not_a_failure():
 
 
 def test_trigger_words_cover_every_rule_on_the_corpus():
-    """classify_line's substring pre-check must never hide a line a rule matches."""
+    """classify_line's substring pre-check must never hide a line a rule matches. The pre-check is
+    about words, so one line per shape (digits zeroed) stands for the rest: ~0.7 ms a line for every
+    rule would make the whole corpus minutes."""
+    import re
+
+    seen: set[str] = set()
     for log in corpus.generate(per_template=1):
         for line in log.lines:
             body = line.split("]:", 1)[1] if line.startswith("[rank") else line
+            shape = re.sub(r"\d", "0", body)
+            if shape in seen:
+                continue
+            seen.add(shape)
             direct = next((r for r in RULES if r.pattern.search(body)), None)
             if direct is not None:
                 assert classify_line(body) is not None, line
