@@ -66,6 +66,9 @@ class Watching:
             if run.proc is None:
                 continue
             code = run.proc.poll()
+            # stamped when looked at, not when the tick began: the spawns and polls before may have taken
+            # a while (sbatch, squeue under load); a virtual clock waits for the tick (busy() takes the lock)
+            now = self.clock.now()
             if run.phase == "dying":
                 if code is not None:
                     self._forget(run)
