@@ -1,7 +1,7 @@
 """Issue 21: the simulator against the live service on a real Slurm cluster, job by job.
 
     sudo PYTHONPATH=. python bench/slurm_fidelity.py [--jobs 50] [--train 10] [--seed 21]
-        [--gap 0.35] [--placer arnold] [--json OUT]
+        [--gap 0.25] [--placer arnold] [--json OUT]
 
 One seeded workload runs twice with the same policy (`fcfs`) and placer (`--placer`, default
 Arnold's) on the same 16 nodes x 8 GPUs (4 leaf switches, 2 spines, a core):
@@ -63,7 +63,7 @@ ROUND_INTERVAL_S = 1.0
 
 
 # ------------------------------------------------------------------ the workload
-def workload(n: int, seed: int, train: int = 10, gap: float = 0.35) -> list[dict[str, Any]]:
+def workload(n: int, seed: int, train: int = 10, gap: float = 0.25) -> list[dict[str, Any]]:
     """Seeded jobs in arrival order: `train` tiny training jobs (1-2 processes, one GPU each,
     100 or 200 iterations) at random positions, the rest sleep jobs (70% on one node with
     1/2/4/8 GPUs, 30% on 2-4 whole nodes; 3-10 s); Poisson arrivals `gap` s apart on average."""
@@ -247,9 +247,10 @@ def launch_spec(job: Mapping[str, Any]) -> Any:
 
 
 def run_live(cli: Any, jobs: Sequence[Mapping[str, Any]], root: Path, placer: str,
-             timeout_s: float = 1800.0) -> tuple[dict[str, dict[str, Any]], Topology]:
+             timeout_s: float = 1800.0) -> tuple[dict[str, dict[str, Any]], Topology, list[float]]:
     """The jobs through the live engine on the Slurm backend, on the wall clock. Per job (times
-    relative to the first submit): submit, decision, slurm_running, up, end, state, starts."""
+    relative to the first submit): submit, decision, slurm_running, up, end, state, starts; and
+    the wall seconds of every policy round (the simulator's rounds take no simulated time)."""
     from loom.service.backends.slurm import SlurmBackend
     from loom.service.clock import WallClock
     from loom.service.engine import LiveEngine
@@ -257,13 +258,14 @@ def run_live(cli: Any, jobs: Sequence[Mapping[str, Any]], root: Path, placer: st
     clock = WallClock()
     backend = SlurmBackend(cli, root=root, gpu_type="A100-80GB", clock=clock, poll_s=0.05, grace_s=30.0, hang_s=0.0)
     starts: dict[str, int] = defaultdict(int)
+    round_s: list[float] = []
 
     def on_decision(decision: Any, _ticket: Any, _at: float) -> None:
         if type(decision).__name__ in ("Start", "Resume"):
             starts[decision.job_id] += 1
 
     engine = LiveEngine(backend, POLICIES.get(POLICY)(), placer, clock=clock, round_interval=ROUND_INTERVAL_S,
-                        on_decision=on_decision)
+                        on_decision=on_decision, on_round=lambda _now, _d, wall, _q: round_s.append(wall))
     poller = RunningPoller(cli)
     engine.start()
     t0 = time.monotonic()
@@ -280,7 +282,7 @@ def run_live(cli: Any, jobs: Sequence[Mapping[str, Any]], root: Path, placer: st
         engine.stop()
         backend.close()
         clock.close()
-    return live_records(engine.core.jobs.values(), poller.running, starts), backend.topology
+    return live_records(engine.core.jobs.values(), poller.running, starts), backend.topology, round_s
 
 
 def live_records(core_jobs: Any, running: Mapping[str, float], starts: Mapping[str, int]) -> dict[str, dict[str, Any]]:
@@ -301,8 +303,9 @@ def live_records(core_jobs: Any, running: Mapping[str, float], starts: Mapping[s
 
 # ------------------------------------------------------------------ the whole comparison
 def fidelity(jobs: Sequence[Mapping[str, Any]], live: Mapping[str, Mapping[str, Any]], topology: Topology,
-             placer: str) -> dict[str, Any]:
-    """Both simulations of the live run (class medians; per-job oracle) and their comparisons."""
+             placer: str, round_s: Sequence[float] = ()) -> dict[str, Any]:
+    """Both simulations of the live run (class medians; per-job oracle) and their comparisons;
+    `round_s`: the live policy rounds' wall seconds (a decision waits for the round before it)."""
     finished = [j for j in jobs if live[j["id"]]["state"] == "FINISHED"]
     done = {j["id"]: live[j["id"]] for j in finished}
     submits = {j: r["submit"] for j, r in done.items()}
@@ -313,6 +316,8 @@ def fidelity(jobs: Sequence[Mapping[str, Any]], live: Mapping[str, Mapping[str, 
     slurm = [r["slurm_running"] - r["decision"] for r in done.values() if r.get("slurm_running") is not None]
     return {"jobs": len(jobs), "finished": len(finished), "relaunched": sum(r["starts"] > 1 for r in live.values()),
             "medians": medians, "decision_to_slurm_running_median_s": statistics.median(slurm) if slurm else None,
+            "live_round_s": {"rounds": len(round_s), "median": statistics.median(round_s) if round_s else None,
+                             "max": max(round_s, default=None), "total": sum(round_s)},
             "class_medians": compare(finished, done, sim), "per_job_oracle": compare(finished, done, oracle),
             "live": dict(live), "sim": sim, "oracle": oracle}
 
@@ -340,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=50)
     ap.add_argument("--train", type=int, default=10, help="how many of the jobs are tiny training jobs")
     ap.add_argument("--seed", type=int, default=21)
-    ap.add_argument("--gap", type=float, default=0.35, help="mean seconds between arrivals")
+    ap.add_argument("--gap", type=float, default=0.25, help="mean seconds between arrivals")
     ap.add_argument("--placer", default="arnold")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -354,11 +359,12 @@ def main(argv: list[str] | None = None) -> int:
     with SlurmCluster() as cluster:
         env = cluster.env()
         cli = SlurmCLI(tuple(cluster._ns([])), {"SLURM_CONF": env["SLURM_CONF"], "MUNGE_SOCKET": env["MUNGE_SOCKET"]})
-        live, topology = run_live(cli, jobs, cluster.root / "loom", args.placer)
+        live, topology, round_s = run_live(cli, jobs, cluster.root / "loom", args.placer)
     result = {"command": " ".join(sys.argv), "machine": machine(), "seed": args.seed, "gap_s": args.gap,
               "placer": args.placer, "policy": POLICY, "round_interval_s": ROUND_INTERVAL_S,
-              **fidelity(jobs, live, topology, args.placer), "workload": jobs, "wall_s": time.monotonic() - wall}
-    summary = {k: result[k] for k in ("jobs", "finished", "relaunched", "medians", "decision_to_slurm_running_median_s")}
+              **fidelity(jobs, live, topology, args.placer, round_s), "workload": jobs, "wall_s": time.monotonic() - wall}
+    summary = {k: result[k] for k in ("jobs", "finished", "relaunched", "medians", "decision_to_slurm_running_median_s",
+                                      "live_round_s")}
     print(json.dumps(summary, indent=2))
     print(table(result))
     print(f"\nJCT MAPE: {result['class_medians']['all']['jct_mape_pct']:.1f}% (class medians), "

@@ -140,12 +140,12 @@ def test_a_small_workload_through_slurm_and_the_simulator(tmp_path):
     with SlurmCluster() as cluster:
         env = cluster.env()
         cli = SlurmCLI(tuple(cluster._ns([])), {"SLURM_CONF": env["SLURM_CONF"], "MUNGE_SOCKET": env["MUNGE_SOCKET"]})
-        live, topology = sf.run_live(cli, jobs, tmp_path / "loom", "arnold", timeout_s=120)
+        live, topology, round_s = sf.run_live(cli, jobs, tmp_path / "loom", "arnold", timeout_s=120)
     assert all(r["state"] == "FINISHED" for r in live.values()) and set(live) == {j["id"] for j in jobs}
     assert all(r["slurm_running"] is not None and r["decision"] <= r["slurm_running"] <= r["end"]
                for r in live.values())
-    result = sf.fidelity(jobs, live, topology, "arnold")
-    assert result["finished"] == 8 and set(result["sim"]) == set(live) == set(result["oracle"])
+    result = sf.fidelity(jobs, live, topology, "arnold", round_s)
+    assert result["finished"] == 8 and result["live_round_s"]["rounds"] == len(round_s) > 0 and set(result["sim"]) == set(live) == set(result["oracle"])
     for name in ("class_medians", "per_job_oracle"):
         assert result[name]["all"]["jobs"] == 8 and result[name]["all"]["jct_mape_pct"] >= 0.0
     assert "| train |" in sf.table(result)
