@@ -49,11 +49,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loom.core.protocols import PLACERS, POLICIES  # noqa: E402
-from loom.hardware.topology import Topology  # noqa: E402
-from loom.sim.engine import Simulation  # noqa: E402
-from loom.sim.launch import LaunchModel  # noqa: E402
-from loom.workload.job import JobSpec  # noqa: E402
+from loom.core.protocols import PLACERS, POLICIES
+from loom.hardware.topology import Topology
+from loom.sim.engine import Simulation
+from loom.sim.launch import LaunchModel
+from loom.workload.job import JobSpec
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "jobs" / "gpt_train.py"
 CLASSES = ("sleep-1node", "sleep-multi", "train")
@@ -227,7 +227,7 @@ class RunningPoller:
             out = self.cli.run(["squeue", "-h", "-a", "-t", "all", "-o", "%i|%T|%j"], check=False)
             now = time.time()
             for line in out.splitlines():
-                sid, state, name = (line.strip().split("|") + ["", "", ""])[:3]
+                _sid, state, name = (line.strip().split("|") + ["", "", ""])[:3]
                 job = name.removeprefix("loom.")
                 if name.startswith("loom.") and state in ("RUNNING", "COMPLETING", "COMPLETED"):
                     self.running.setdefault(job, now)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import sys
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def test_the_workload_is_seeded_mixed_and_in_arrival_order():
     jobs = sf.workload(50, 21, train=10, gap=0.35)
     assert jobs == sf.workload(50, 21, train=10, gap=0.35) and jobs != sf.workload(50, 22, train=10, gap=0.35)
     assert [j["id"] for j in jobs] == [f"j{i:03d}" for i in range(50)]
-    assert all(a["at"] < b["at"] for a, b in zip(jobs, jobs[1:]))
+    assert all(a["at"] < b["at"] for a, b in itertools.pairwise(jobs))
     train = [j for j in jobs if j["kind"] == "train"]
     assert len(train) == 10 and all(j["procs"] in (1, 2) and j["gpus"] == j["procs"] and j["duration"] is None
                                     and j["iters"] in (100, 200) for j in train)
