@@ -29,7 +29,8 @@ Arnold's) on the same 16 nodes x 8 GPUs (4 leaf switches, 2 spines, a core):
 Reported: per-job JCT mean absolute percentage error (overall and per class) and a phase
 breakdown: for wait (submit→decision), launch (decision→up) and run (up→end), the live and
 simulated means and the mean absolute per-job difference as a share of the live JCT, so a
-miss names the phase that differs. Launch is also split at Slurm's RUNNING.
+miss names the phase that differs. Also: the median decision→RUNNING in `squeue` (the Slurm
+part of a launch) and the live policy rounds' wall time (the simulator's rounds take none).
 """
 
 from __future__ import annotations
