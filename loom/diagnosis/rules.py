@@ -21,19 +21,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from loom.diagnosis.compress import CompressedLog, KeptLine
-from loom.diagnosis.taxonomy import UNKNOWN
+from loom.diagnosis.taxonomy import UNKNOWN, load_xid_codes
 
-# NVIDIA's Xid catalogue: what each kernel-reported GPU error code means in Acme's taxonomy, and
-# its tier. Most are hardware reports (tier 0); 43 (a channel reset after the application's own
-# fault) is what a process raises; 45 (preemptive cleanup) follows a process being killed, so it
-# ranks with the secondary errors and is weak.
-XID_CODES: dict[int, tuple[str, int, bool]] = {
-    **{code: ("CUDAError", 0, False) for code in (13, 31, 61, 62, 69, 79, 109, 119, 120)},
-    43: ("CUDAError", 1, False),
-    45: ("CUDAError", 3, True),
-    **{code: ("ECCError", 0, False) for code in (48, 63, 64, 92, 94, 95)},
-    74: ("NVLinkError", 0, False),
-}
+# NVIDIA's Xid catalogue (data/xid_codes.json, codes 1-172 from NVIDIA's "Analyzing Xid Errors with the
+# Xid Catalog", https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html): what each
+# kernel-reported GPU error code means in Acme's taxonomy, and its tier. Most are hardware reports
+# (tier 0); 43 (a channel reset after the application's own fault) is what a process raises; 45
+# (preemptive cleanup) follows a process being killed, so it ranks with the secondary errors and
+# is weak; informational codes (injected errors, test messages, power smoothing) are no error.
+XID_CODES: dict[int, tuple[str, int, bool]] = load_xid_codes()
 # An Xid as the kernel (`NVRM: Xid (PCI:0000:3b:00): 79,`), DCGM (`XID error 79`) or a device
 # plugin (`Xid=48`) prints it; NVSwitch's SXid is not an Xid (no word boundary before "Xid").
 _XID = r"(?i:\bxid)(?: \((?:PCI:)?[0-9A-Fa-f:.]+\))?(?::| error:?|=)? *"
@@ -82,11 +78,25 @@ RULES: tuple[Rule, ...] = (
                                        r"(?i)PCIe Bus Error: severity=Uncorrected",
                                        _DCGM + r"(?:FALLEN_OFF_BUS|GPU_LOST|PCI\w*)\b")),
     _r("nic-link-down", "NCCLRemoteError", 0, r"\bmlx\d_core\b.*\bLink down\b|\bib\d+: Link down\b"),
-    _r("node-failure", "NodeFailure", 0, _alt(r"(?i)\bnode failure\b|became NotReady|NodeStatusUnknown",
-                                              r"(?i)\bnode \S+ (?:is )?(?:down|unreachable|lost)\b",
-                                              r"\bNODE_FAIL\b|(?i:\bnodes? \S+ (?:is )?not responding)",
-                                              r"DUE TO (?:NODE FAILURE|PREEMPTION)",
-                                              r"(?i)\bpod \S+ (?:was )?(?:preempted|evicted)\b")),
+    # a scheduler requeueing the job says what it did, not why: below what a process raises itself
+    _r("requeue", "NodeFailure", 2, r"(?i)\brequeu(?:e|ed|ing)\b"),
+    _r("node-failure", "NodeFailure", 0, _alt(
+        r"(?i)\bnode failure\b|became NotReady|NodeStatusUnknown|\bNodeLost\b|node\.kubernetes\.io/unreachable",
+        r"(?i)\bnode \S+ (?:is )?(?:down|unreachable|lost)\b",
+        r"\bNODE_FAIL\b|(?i:\bnodes? \S+ (?:is )?not responding)|\bNOT_RESPONDING\b|(?i:\bslurmd\b.*not responding)",
+        r"(?i)\bReason=Not responding|\bState=DOWN\b|\bnodes? \S+ (?:set|marked|changed|state changed) (?:to )?DOWN\b",
+        r"DUE TO (?:NODE FAILURE|PREEMPTION)",
+        r"(?i)\bpod \S+ (?:was )?(?:preempted|evicted)\b",
+        # the node's BMC / IPMI event log: power lost, a supply failed, the chassis went off
+        r"(?i)\b(?:BMC|IPMI|ipmitool|SEL|Redfish|iDRAC|iLO)\b.*(?:\bpower\b.*\b(?:loss|lost|fail\w*|fault|off|down)\b|"
+        r"\bAC lost\b|\bPSU?\d*\b.*\bfail|unexpected (?:reboot|reset|shutdown|power)|\bhard reset\b)",
+        r"(?i)\b(?:AC|input) power (?:loss|lost)\b|\bpower supply \S* ?(?:failure|failed|lost)\b|\bPSU\d* (?:failure|failed)\b",
+        # the node's kernel gave up: panic, fatal machine check, hard lockup, uncorrected host memory
+        r"(?i)kernel panic|\bmachine check (?:exception|error|events? logged)|\bmce: \[Hardware Error\]|"
+        r"fatal machine check|\bhard LOCKUP\b|\bUncorrected (?:hardware )?memory error",
+        # the launcher cannot reach the node any more (pdsh/ssh, mpirun's daemons)
+        r"(?i)\bssh exited with exit code 255\b|ssh: connect to host \S+ port \d+: |\bConnection closed by \S+ port 22\b|"
+        r"kex_exchange_identification|lost communication with (?:a )?remote daemon|daemon \S* ?has unexpectedly failed")),
     _r("loss-spike", "LossSpike", 0, _alt(r"(?i)loss spike|\bnan loss\b|non-finite loss|\bloss['\"]?\s*(?:is|became|=|:)"
                                           r"\s*[-+]?(?:nan|inf)\b",
                                           r"(?i)minimum loss scale|loss scale already at minimum",
@@ -139,6 +149,7 @@ RULES: tuple[Rule, ...] = (
         r"NET/IB : Got completion from peer .* with (?:error|status)",
         r"Connection closed by (?:remote )?peer.*(?:<\d+>|\]:\d+)|IBV_WC_\w+_ERR|ibv_poll_cq|"
         r"(?i:transport retry count(?:er)? exceeded)")),
+    _r("host-unreachable", "NodeFailure", 2, r"(?i)\bNo route to host\b|\bHost is down\b|\[Errno 11[23]\]"),
     _r("node-keepalive", "NodeFailure", 2, r"failed to send a keep-alive heartbeat|Rendezvous(?:Connection|Closed)Error"),
     _r("c10d-socket", "NCCLRemoteError", 2, r"(?:c10d|gloo|ProcessGroup\w*|TCPStore|DistNetworkError).*"
                                             r"(?:Connection reset by peer|Connection closed by peer|Broken pipe)",
@@ -175,7 +186,9 @@ TRIGGERS = ("error", "ecc", "dbe", "xid", "dcgm_fr", "nvlink", "nvswitch", "aer:
             "watchdog", "timeout", "timed out", "heartbeat", "hung", "straggler", "nccl", "remote", "peer", "ibv_",
             "retry count", "connection", "broken pipe", "exception", "max retries", "urlopen", "statuscode",
             "_inactiverpc", "root cause", "signal", "undefined symbol", "shared object", "expected", "dtype",
-            "device", "mat1", "size", "shape", "unavailable", "rendezvous")
+            "device", "mat1", "size", "shape", "unavailable", "rendezvous", "requeu", "not_responding", "=down",
+            " down", "power", "psu", "ac lost", "hard reset", "unexpected", "panic", "machine check", "mce:",
+            "lockup", "ssh", "kex_", "daemon", "route to host", "host is down")
 
 
 def classify_line(body: str) -> Rule | None:
@@ -230,7 +243,7 @@ def classify(log: CompressedLog) -> RulesResult | None:
         return None
     tier = min(m.rule.tier for m in matches)
     candidates = sorted((m for m in matches if m.rule.tier == tier), key=_when)
-    winner = candidates[0]
+    winner = next((m for m in candidates if not m.rule.weak), candidates[0])  # a symptom yields to a cause
     return RulesResult(winner.rule.error_type or UNKNOWN, _root_lines(winner, candidates),
                        _ranks(winner, candidates), winner.rule.weak)
 

@@ -8,6 +8,7 @@ middle of a recovery).
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass
 from importlib import resources
 from types import MappingProxyType
@@ -84,3 +85,37 @@ def taxonomy() -> MappingProxyType[str, ErrorType]:
 def error_type(name: str) -> ErrorType:
     """The taxonomy entry for `name` (KeyError for a name the taxonomy lacks)."""
     return taxonomy()[name]
+
+
+def parse_xid_codes(data: Any, source: str = "xid_codes.json") -> dict[int, tuple[str, int, bool]]:
+    """Validate NVIDIA's Xid catalogue as mapped onto the taxonomy: code -> (error type, tier, weak).
+
+    Codes whose type is null (informational: injected errors, test messages) are left out, so a
+    line reporting them is no error. Every type must be in the taxonomy, every code listed once.
+    """
+    if not isinstance(data, dict) or not isinstance(data.get("codes"), list) or not data.get("source"):
+        raise TaxonomyError(f"{source}: expected 'source' (where the catalogue comes from) and a list 'codes'")
+    known = taxonomy()
+    out: dict[int, tuple[str, int, bool]] = {}
+    seen: set[int] = set()
+    for row in data["codes"]:
+        if not isinstance(row, dict) or not set(row) <= {"code", "mnemonic", "type", "tier", "weak"}:
+            raise TaxonomyError(f"{source}: bad row {row!r}")
+        code, kind, tier, weak = row.get("code"), row.get("type"), row.get("tier", 0), row.get("weak", False)
+        if not isinstance(code, int) or isinstance(code, bool) or not 0 < code < 1000 or code in seen:
+            raise TaxonomyError(f"{source}: code {code!r} is not a new integer in 1..999")
+        seen.add(code)
+        if kind is None:
+            continue
+        if kind not in known or known[kind].category == "unknown":
+            raise TaxonomyError(f"{source}: Xid {code}: {kind!r} is not an error type of the taxonomy")
+        if tier not in (0, 1, 2, 3) or not isinstance(weak, bool):
+            raise TaxonomyError(f"{source}: Xid {code}: tier must be 0-3 and weak a boolean")
+        out[code] = (kind, tier, weak)
+    return out
+
+
+def load_xid_codes() -> dict[int, tuple[str, int, bool]]:
+    """The packaged Xid table (data/xid_codes.json)."""
+    text = resources.files("loom.diagnosis").joinpath("data/xid_codes.json").read_text(encoding="utf-8")
+    return parse_xid_codes(json.loads(text))
