@@ -44,7 +44,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from loom.service.testing import kill_under, start  # noqa: E402
+from loom.service.testing import double_starts_and_bindings, kill_under, start  # noqa: E402
 
 
 def machine() -> str:
@@ -234,7 +234,7 @@ def bench_crash(jobs: int, kills: int, seed: int) -> dict:
                         break
                     time.sleep(1.0)
                 lost = sorted(j for j in acknowledged if states.get(j) != "FINISHED")
-                twice, double = _double_starts_and_bindings(c, acknowledged)
+                twice, double = double_starts_and_bindings(c, acknowledged)
             wall = time.perf_counter() - t0
         finally:
             served.kill(signal.SIGTERM)
@@ -245,51 +245,6 @@ def bench_crash(jobs: int, kills: int, seed: int) -> dict:
 
 def _all_jobs(c) -> list[dict]:
     return c.jobs(all=True)
-
-
-def _double_starts_and_bindings(c, ids: set[str]) -> tuple[list[str], int]:
-    """Jobs with two carried-out starts and no stop/failure between them, and moments where two jobs
-    held more GPUs of one node than it has (from each job's transitions and start allocations)."""
-    twice: list[str] = []
-    spans: list[tuple[float, float, dict]] = []  # (from, to, {node: gpus})
-    for job_id in sorted(ids):
-        data = c.explain(job_id)
-        starts = [d for d in data["decisions"] if d["kind"] in ("start", "resume") and d["status"] == "done"]
-        ends = [t for t in data["transitions"] if t["old"] in ("RUNNING", "STOPPING") and t["new"] not in
-                ("RUNNING", "STOPPING")]
-        if _ran_twice(starts, data["transitions"]):
-            twice.append(job_id)
-        for d, t_end in zip(starts, ends):
-            alloc = d["payload"].get("allocation") or {}
-            spans.append((d["at"], t_end["at"], dict(zip(alloc.get("nodes", []), alloc.get("gpus", [])))))
-    capacity = {n["name"]: n["gpus"] for n in c.nodes()["nodes"]}
-    points = sorted({s for s, _, _ in spans})
-    double = 0
-    for t in points:
-        used: dict[str, int] = {}
-        for s, e, nodes in spans:
-            if s <= t < e:
-                for n, g in nodes.items():
-                    used[n] = used.get(n, 0) + g
-        double += sum(max(0, g - capacity.get(n, 0)) for n, g in used.items())
-    return twice, double
-
-
-def _ran_twice(starts: list[dict], transitions: list[dict]) -> bool:
-    """Did the job enter RUNNING while it was running (other than being adopted, still running, by a
-    restarted service), or have two starts carried out with no end of a run between them?"""
-    running = False
-    for t in sorted(transitions, key=lambda t: t["at"]):
-        if t["new"] == "RUNNING":
-            if running and t["old"] != "RUNNING" and "adopted" not in t.get("event", ""):
-                return True
-            running = True
-        elif t["old"] in ("RUNNING", "STOPPING") and t["new"] not in ("RUNNING", "STOPPING"):
-            running = False
-    ends = sorted(t["at"] for t in transitions if t["old"] in ("RUNNING", "STOPPING")
-                  and t["new"] not in ("RUNNING", "STOPPING"))
-    times = sorted(d["at"] for d in starts)
-    return any(not any(a <= e <= b for e in ends) for a, b in zip(times, times[1:]))
 
 
 # ------------------------------------------------------------------------------ output

@@ -77,7 +77,13 @@ settings.register_profile(
 _DEEP_KEYS = ("max_examples", "derandomize", "deadline", "database", "print_blob")
 
 
+LONG_MARKS = ("slow", "slurm", "postgres", "browser")
+
+
 def pytest_collection_modifyitems(config, items):
+    # the long tiers' tests first (in their own order): xdist's workers then end on short tests
+    # instead of one worker finishing a minutes-long test while the other idles
+    items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in LONG_MARKS))
     if settings.get_current_profile_name() != DEEP_PROFILE:
         return
     deep = settings.get_profile(DEEP_PROFILE)

@@ -267,6 +267,84 @@ def test_a_restarted_service_adopts_a_job_that_kept_running(tmp_path):
         clock.close()
 
 
+def test_a_job_that_ended_before_its_end_was_stored_is_reported_again_never_relaunched(tmp_path):
+    """The backend keeps a finished run's record (marked ended) until the service says the end is
+    stored; a service killed in between adopts the record and sees the job finish, not run again."""
+    from loom.service.backends.inventory import emulated
+
+    root = tmp_path / "root"
+    first = World(root, nodes=1, gpus=2)
+    try:
+        first.submit("short", 1, 0.2)
+        first.until(lambda: first.job("short").state is S.FINISHED)
+        kept = json.loads(Layout(root).record("short").read_text())
+        assert kept["ended"] == {"exit_code": 0}
+    finally:
+        first.engine.stop()
+        first.backend.close(kill=False)  # the service dies before it stored the end
+    status = (root / "runtime" / "short" / "status.json").read_text()
+    clock = WallClock()
+    backend = LocalBackend(emulated(1, 2), root=root, clock=clock, poll_s=0.02)
+    engine = LiveEngine(backend, "priority", "first-fit", clock=clock, round_interval=0.2)
+    try:
+        assert backend.survivors() == {"short": {"node0": 1}}
+        engine.adopt(JobSpec("short", 0.0, 1, 0.2), {"node0": 1},
+                     launch=LaunchSpec("short", None, None, 0.2)).result(timeout=10)
+        engine.run_until(lambda: engine.core.jobs["short"].state is S.FINISHED, timeout=30)
+        assert [t.event for t in engine.core.record.transitions_of("short")][-1] == "JobFinished"
+        assert (root / "runtime" / "short" / "status.json").read_text() == status  # not launched again
+        assert backend.forget_ended(["short", "unknown"]) == ["short"]  # the service stored the end
+        assert not Layout(root).record("short").exists() and backend.survivors() == {}
+    finally:
+        engine.stop()
+        backend.close()
+        clock.close()
+
+
+@pytest.mark.parametrize("end_stored", [False, True])
+def test_a_restart_adopts_a_kept_end_unless_the_store_has_it(tmp_path, end_stored):
+    """Reconciliation with a finished run's kept record and a store that lost every transition of the
+    run (the service died before its group commit): the run is adopted and finishes, never launched
+    again. With the end stored (the job waits again), the record is dropped and the job queued."""
+    from loom.service.backends.inventory import emulated
+    from loom.service.reconcile import reconcile
+    from loom.service.store import Store
+
+    root = tmp_path / "root"
+    first = World(root, nodes=1, gpus=2)
+    try:
+        first.submit("short", 1, 0.2)
+        first.until(lambda: first.job("short").state is S.FINISHED)
+    finally:
+        first.engine.stop()
+        first.backend.close(kill=False)
+    started = json.loads(Layout(root).record("short").read_text())["started_at"]
+    store = Store.open(f"sqlite:///{tmp_path / 'loom.db'}")
+    store.create_tenant("t")
+    store.submit("t", {"job_id": "short", "gpus": 1, "duration": 0.2})
+    store.record_transition("short", "SUBMITTED", "PENDING", started - 1, "taken up by the scheduler")
+    if end_stored:
+        store.record_transitions([("short", "PENDING", "STARTING", started, "start decision"),
+                                  ("short", "STARTING", "RUNNING", started + 0.1, "JobStarted"),
+                                  ("short", "RUNNING", "PENDING", started + 0.3, "requeued")])
+    clock = WallClock()
+    backend = LocalBackend(emulated(1, 2), root=root, clock=clock, poll_s=0.02)
+    engine = LiveEngine(backend, "priority", "first-fit", clock=clock, round_interval=0.2)
+    try:
+        out = reconcile(store, engine, backend, clock.now())
+        assert (out.adopted, out.requeued) == (([], ["short"]) if end_stored else (["short"], []))
+        assert Layout(root).record("short").exists() is not end_stored
+        engine.start()
+        engine.run_until(lambda: engine.core.jobs["short"].state is S.FINISHED, timeout=30)
+        events = [t.event for t in engine.core.record.transitions_of("short")]
+        assert ("start decision" in events) is end_stored  # launched again only when its end was stored
+    finally:
+        engine.stop()
+        backend.close()
+        clock.close()
+        store.close()
+
+
 # ------------------------------------------------------------------ a real training job (slow)
 ITERS = 24
 JOB_ARGS = ["--iters", str(ITERS), "--layers", "1", "--d-model", "32"]

@@ -48,6 +48,8 @@ def test_jobs_submitted_to_the_service_run_on_the_emulated_nodes_and_finish(serv
         assert [d["kind"] for d in b["decisions"]] == ["start"] and b["decisions"][0]["status"] == "done"
         events = [e["kind"] for e in c.events()]
         assert events.count("submitted") == 2 and "decision" in events and "answer" in events
+    # the backend kept each finished run's record until the service had stored the end, then dropped it
+    wait_for(lambda: not list(s.data_dir.rglob("runs/*.json")), what="the run records dropped")
 
 
 def test_a_cancel_stops_a_running_job_and_frees_its_gpus(served) -> None:

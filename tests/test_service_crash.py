@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from loom.service.testing import double_starts_and_bindings
+
 _spec = importlib.util.spec_from_file_location("bench_service", Path(__file__).parents[1] / "bench" / "service.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
@@ -49,18 +51,18 @@ def _job(starts: list[tuple[float, dict]], runs: list[tuple[float, float]]) -> d
 def test_the_crash_check_finds_a_double_start_and_an_overbooked_node() -> None:
     clean = _Recorded({"a": _job([(0.0, {"n0": 2})], [(0.0, 5.0)]), "b": _job([(5.0, {"n0": 2})], [(5.0, 9.0)])},
                       {"n0": 2})
-    assert bench._double_starts_and_bindings(clean, {"a", "b"}) == ([], 0)
+    assert double_starts_and_bindings(clean, {"a", "b"}) == ([], 0)
     twice = _Recorded({"a": {"decisions": _job([(0.0, {"n0": 1}), (1.0, {"n0": 1})], [])["decisions"],
                              "transitions": [{"old": "STARTING", "new": "RUNNING", "at": 0.0},
                                              {"old": "STARTING", "new": "RUNNING", "at": 1.0},
                                              {"old": "RUNNING", "new": "FINISHED", "at": 3.0}]}}, {"n0": 2})
-    assert bench._double_starts_and_bindings(twice, {"a"})[0] == ["a"]
+    assert double_starts_and_bindings(twice, {"a"})[0] == ["a"]
     adopted = _job([(0.0, {"n0": 1})], [])
     adopted["transitions"] = [{"old": "STARTING", "new": "RUNNING", "at": 0.0, "event": "JobStarted"},
                               {"old": "PENDING", "new": "STARTING", "at": 2.0, "event": "adopted: found running"},
                               {"old": "STARTING", "new": "RUNNING", "at": 2.0, "event": "adopted"},
                               {"old": "RUNNING", "new": "FINISHED", "at": 3.0, "event": "JobFinished"}]
-    assert bench._double_starts_and_bindings(_Recorded({"a": adopted}, {"n0": 2}), {"a"})[0] == []
+    assert double_starts_and_bindings(_Recorded({"a": adopted}, {"n0": 2}), {"a"})[0] == []
     overbooked = _Recorded({"a": _job([(0.0, {"n0": 2})], [(0.0, 5.0)]), "b": _job([(4.0, {"n0": 1})], [(4.0, 9.0)])},
                            {"n0": 2})
-    assert bench._double_starts_and_bindings(overbooked, {"a", "b"}) == ([], 1)
+    assert double_starts_and_bindings(overbooked, {"a", "b"}) == ([], 1)

@@ -280,3 +280,26 @@ def test_loom_serve_schedules_through_slurm(cluster, tmp_path):
     finally:
         served.kill()
         cluster.run("scancel -u root")
+
+
+@needs_slurm
+@pytest.mark.slurm
+@pytest.mark.slow
+def test_kill_9_of_the_service_at_10_random_moments_of_200_jobs_loses_and_duplicates_nothing():
+    """Issue 21's crash test (`bench/slurm_jobs.py --crash 10`, which records the figures in
+    docs/BENCHMARKS.md): a real `loom serve --backend slurm` killed with SIGKILL at 10 random moments
+    while 200 jobs arrive and run, restarted each time. Every acknowledged job finishes; none is
+    started twice (the service's records) or run as two Slurm jobs (Slurm's); no GPU is bound twice;
+    no Slurm job is left held."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_slurm_jobs", Path(__file__).parents[1] / "bench" / "slurm_jobs.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    jobs = bench.workload(200, 21, gap_s=0.2, durations=(1, 4))
+    with SlurmCluster() as crashed:
+        r = bench.run_crash(crashed, _cli(crashed), jobs, kills=10, seed=21)
+    assert r["acknowledged"] == 200 and r["kills"] == 10
+    assert r["lost"] == 0, r["lost_ids"]
+    assert r["started_twice"] == 0 and r["slurm_ran_twice"] == [] and r["double_bound_gpus"] == 0
+    assert r["left_held"] == 0

@@ -463,11 +463,7 @@ class LiveEngine:
     def _publish(self) -> None:
         """Hand new transitions and the core's own decisions to the hooks."""
         record = self.core.record
-        if self.on_transition is not None and len(record.transitions) > self._seen_transitions:
-            fresh = record.transitions.since(self._seen_transitions)
-            self._seen_transitions += len(fresh)
-            for t in fresh:
-                self.on_transition(t)
+        self._publish_transitions()
         if len(record.decisions) > self._seen_decisions:
             fresh_decisions = record.decisions[self._seen_decisions:]
             self._seen_decisions = len(record.decisions)
@@ -476,9 +472,20 @@ class LiveEngine:
                     if not isinstance(d, JOB_DECISIONS):
                         self.on_decision(d, None, at)
 
+    def _publish_transitions(self) -> None:
+        record = self.core.record
+        if self.on_transition is not None and len(record.transitions) > self._seen_transitions:
+            fresh = record.transitions.since(self._seen_transitions)
+            self._seen_transitions += len(fresh)
+            for t in fresh:
+                self.on_transition(t)
+
     def _apply(self, decision: Decision, ticket: int, at: float) -> None:
-        """The core hands a job decision to the backend: write it ahead, then carry it out."""
+        """The core hands a job decision to the backend: write it ahead, then carry it out. The
+        transitions that led to it (the end that freed its GPUs) go first, in the same commit: a
+        restart must never find the decision carried out and the GPUs' previous job still running."""
         self._issued_at[ticket] = at
+        self._publish_transitions()
         if self.on_decision is not None:
             try:
                 self.on_decision(decision, ticket, at)

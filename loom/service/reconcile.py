@@ -4,8 +4,9 @@ The store says what was acknowledged and decided; the backend says what still ru
 backend still runs is adopted where it runs (never launched twice); a job that should be running
 but is not goes back to the queue (its next start resumes from its newest checkpoint); waiting
 jobs are queued again; decisions written but never answered are answered: done if their effect
-is there (the job runs), failed otherwise, so nothing stays half-made. Processes a previous
-service started for jobs the store has ended are reported, not touched."""
+is there (the job runs), failed otherwise, so nothing stays half-made. A run the backend kept
+after it ended (its end may not have been stored) is adopted like a running one and ends again at
+once. Processes a previous service started for jobs the store has ended are reported, not touched."""
 
 from __future__ import annotations
 
@@ -43,6 +44,13 @@ def reconcile(store: Any, engine: Any, backend: Any, now: float) -> Reconciled:
     survivors: dict[str, dict[str, int]] = backend.survivors() if hasattr(backend, "survivors") else {}
     rows = every_job(store, [*WAITING, *HOLDING])
     known = {row.job_id for row in rows}
+    forget = getattr(backend, "forget_ended", None)
+    if forget is not None:  # a kept record of an ended run whose end the store has (the job waits again) goes
+        kept = backend.ended_runs()
+        stored = [row.job_id for row in rows
+                  if row.job_id in kept and row.state not in HOLDING and _end_stored(store, row.job_id, kept[row.job_id])]
+        for job_id in forget(stored):
+            survivors.pop(job_id, None)
     for row in rows:
         spec, launch = job_spec(row), launch_spec(row)
         if row.job_id in survivors:
@@ -58,10 +66,20 @@ def reconcile(store: Any, engine: Any, backend: Any, now: float) -> Reconciled:
         engine.submit(spec, launch=launch).result(timeout=60)
         out.requeued.append(row.job_id)
     _answer_open(store, engine, survivors, now, out)
-    out.orphans = sorted(set(survivors) - known)
+    orphans = set(survivors) - known
+    # runs that ended and whose end the store has: what the backend kept for a restart can go
+    out.orphans = sorted(orphans - set(forget(sorted(orphans)) if forget is not None else ()))
     for job_id in out.orphans:
         log.warning("job %s is still running on the backend but the store has it ended; not adopted", job_id)
     return out
+
+
+def _end_stored(store: Any, job_id: str, started_at: float | None) -> bool:
+    """Does the store have the job leaving STARTING/RUNNING/STOPPING since the run started at
+    `started_at`? If not (the service died before it stored even the start), the run is adopted."""
+    if started_at is None:
+        return True
+    return any(t.old in HOLDING and t.new not in HOLDING and t.at >= started_at for t in store.transitions_of(job_id))
 
 
 def _answer_open(store: Any, engine: Any, survivors: Iterable[str], now: float, out: Reconciled) -> None:

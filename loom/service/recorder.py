@@ -38,6 +38,10 @@ class StoreRecorder:
         self.engine: Any = None  # set once the engine exists (the hooks read its core's jobs)
         self._pending: list[tuple[Any, ...]] = []  # (method, args) to write at the next commit
         self._written: dict[str, tuple[Any, Any]] = {}  # job → the allocation and plan last written
+        self._ended: list[str] = []  # jobs whose run ended, in the transitions being written
+        # told, after each commit, which jobs' run ends are now stored (the backend drops what it
+        # kept to report them again after a crash: `LocalBackend.forget_ended`)
+        self.on_stored_ends: Any = None
 
     def ticket(self, core_ticket: int) -> int:
         return self.offset + core_ticket
@@ -68,6 +72,7 @@ class StoreRecorder:
             self._write_pending()
             self.store.record_decision(self.ticket(ticket), kind, getattr(decision, "job_id", None), payload,
                                        decision.reason, at)
+        self._stored()
 
     def _bookkeeping(self, decision: Decision, at: float) -> None:
         if isinstance(decision, Reserve):
@@ -91,6 +96,7 @@ class StoreRecorder:
             self._allocation(t.job_id, self.allocation(job.allocation), _plan(job.plan))
         elif t.old in HOLDS_GPUS and t.new not in HOLDS_GPUS:
             self._allocation(t.job_id, None, None)
+            self._pending.append((self._ended.append, t.job_id))
 
     def _allocation(self, job_id: str, allocation: dict[str, Any] | None, plan: dict[str, Any] | None) -> None:
         """Write a job's allocation when it changed (STARTING → RUNNING keeps it)."""
@@ -106,6 +112,13 @@ class StoreRecorder:
         if self._pending:
             with self.store.transaction():
                 self._write_pending()
+            self._stored()
+
+    def _stored(self) -> None:
+        """The transaction committed: the run ends it held are durable."""
+        ended, self._ended = self._ended, []
+        if ended and self.on_stored_ends is not None:
+            self.on_stored_ends(ended)
 
     def _write_pending(self) -> None:
         """Everything kept back, in order; runs of transitions as one batch."""

@@ -73,6 +73,7 @@ class Runner:
                                      round_interval=options.round_interval, recovery=live_recovery(options),
                                      **self.recorder.hooks())
             self.recorder.engine = self.engine
+            self.recorder.on_stored_ends = getattr(self.backend, "forget_ended", None)
         except BaseException:
             self.store.close()
             raise

@@ -73,7 +73,7 @@ from loom.service.backends.inventory import (
     LocalSettings,
     load_inventory,
 )
-from loom.service.backends.procs import Proc, read_json
+from loom.service.backends.procs import EndedProc, Proc, read_json
 from loom.service.backends.watch import Watching
 from loom.service.clock import Clock, WallClock
 from loom.workload.job import JobSpec
@@ -322,8 +322,9 @@ class LocalBackend(Watching, Faults):
                              f"{', …' if self.topology.num_nodes > 8 else ''})") from None
 
     # ------------------------------------------------------------------ bookkeeping
-    def _forget(self, run: R.Run) -> None:
-        """The run holds nothing any more: its GPUs go back, it leaves the queue."""
+    def _forget(self, run: R.Run, ended: int | None = None) -> None:
+        """The run holds nothing any more: its GPUs go back, it leaves the queue. A run that `ended`
+        on its own (its exit status) keeps its record, marked ended, until `forget_ended`."""
         for binding in (run.binding, run.next_binding):
             for node, gpus in (binding or {}).items():
                 self._free[node] |= set(gpus)
@@ -331,7 +332,34 @@ class LocalBackend(Watching, Faults):
         self._dequeue(run)
         if self._runs.get(run.job_id) is run:
             del self._runs[run.job_id]
-            self.layout.record(run.job_id).unlink(missing_ok=True)
+            if ended is None:
+                self.layout.record(run.job_id).unlink(missing_ok=True)
+            else:
+                R.mark_ended(self.layout, run.job_id, ended)
+
+    def ended_runs(self) -> dict[str, float | None]:
+        """Run records kept after their runs ended (job id → when that run was started): a restarted
+        service drops those whose end it has stored, and adopts the others to see them end again."""
+        found: dict[str, float | None] = {}
+        for path in sorted(self.layout.record("x").parent.glob("*.json")):
+            data = read_json(path)
+            if data and data.get("ended") is not None and self._revivable(data):
+                started = data.get("started_at")
+                found[str(data["job_id"])] = float(started) if isinstance(started, (int, float)) else None
+        return found
+
+    def forget_ended(self, job_ids: list[str]) -> list[str]:
+        """The service has stored these jobs' ends: drop the records kept for them (only records
+        marked ended: a later incarnation's record stays). Returns the jobs whose record went."""
+        dropped = []
+        with self._lock:
+            for job_id in job_ids:
+                path = self.layout.record(job_id)
+                data = read_json(path)
+                if data and data.get("ended") is not None and job_id not in self._runs:
+                    path.unlink(missing_ok=True)
+                    dropped.append(job_id)
+        return dropped
 
     def _dequeue(self, run: R.Run) -> None:
         self._queue = [(r, w) for r, w in self._queue if r is not run]
@@ -374,7 +402,8 @@ class LocalBackend(Watching, Faults):
             nodes = tuple(sorted(binding))
             run = R.Run(spec.job_id, spec, self._jobs[spec.job_id][1],
                         Allocation(nodes, tuple(len(binding[n]) for n in nodes)), None, "up", next(self._order),
-                        binding=binding, proc=self._revive(data, spec.job_id))
+                        binding=binding, proc=_ended(data) or self._revive(data, spec.job_id))
+            run.spawned_at = data.get("started_at")
             for node, gpus in binding.items():
                 self._free[node] -= set(gpus)
             status = R.status(self.layout, spec.job_id)
@@ -428,3 +457,11 @@ class LocalBackend(Watching, Faults):
                 deadline = time.monotonic() + 5
                 while proc.poll() is None and time.monotonic() < deadline:
                     time.sleep(0.01)
+
+
+def _ended(data: dict[str, Any]) -> EndedProc | None:
+    """A record kept after its run ended: the end is reported again (the store may not have it)."""
+    ended = data.get("ended")
+    if isinstance(ended, dict) and isinstance(ended.get("exit_code"), int):
+        return EndedProc(int(ended["exit_code"]))
+    return None

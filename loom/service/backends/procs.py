@@ -87,6 +87,31 @@ class Proc:
         return self.poll() is None
 
 
+class EndedProc:
+    """The incarnation a kept run record says ended (`runs.mark_ended`): nothing left to watch or
+    signal; polled, it answers the exit status it ended with."""
+
+    pid = None
+    popen = None
+
+    def __init__(self, code: int) -> None:
+        self._code = code
+        self.record_fields: dict[str, object] = {}
+
+    def poll(self) -> int:
+        return self._code
+
+    def signal(self, signum: int) -> None:
+        pass
+
+    def kill(self) -> None:
+        pass
+
+    @property
+    def running(self) -> bool:
+        return False
+
+
 def descendants(pid: int) -> list[int]:
     """Every live process below `pid` (children, their children, ...), from /proc."""
     children: dict[int, list[int]] = {}

@@ -58,6 +58,7 @@ class Run:
     stop: tuple[int, str] | None = None  # (ticket, "preempt" | "cancel")
     move: tuple[int, Allocation, str] | None = None  # (ticket, allocation, "migrate" | "resize") under way
     moves: list[tuple[int, Allocation, str]] = field(default_factory=list)  # asked since, in order
+    spawned_at: float | None = None  # the clock's time its processes were started (in the run record)
     seq: int | None = None  # control request under way
     sent: float = 0.0  # monotonic time it was sent
     escalated: int = 0
@@ -224,8 +225,24 @@ def save_record(layout: Layout, run: Run, topology: Topology) -> None:
     path = layout.record(run.job_id)
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"job_id": run.job_id, "pid": run.proc.pid if run.proc else None, "sleep": run.sleep,
+            "started_at": run.spawned_at,
             "gpus": {topology.node_names[n]: list(g) for n, g in (run.binding or {}).items()},
             **(getattr(run.proc, "record_fields", None) or {})}  # e.g. the Slurm job id
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+def mark_ended(layout: Layout, job_id: str, exit_code: int) -> None:
+    """Keep a run record after the run ended on its own, saying how: until the service has stored
+    the end (`LocalBackend.forget_ended`), a restart adopts the record and reports the end again,
+    so a job that finished while its end was not yet durable is never launched twice (a restart
+    tells a stored end by a transition out of STARTING/RUNNING/STOPPING at or after `started_at`)."""
+    path = layout.record(job_id)
+    data = read_json(path)
+    if not data:
+        return
+    data["ended"] = {"exit_code": int(exit_code)}
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)

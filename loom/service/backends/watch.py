@@ -132,7 +132,7 @@ class Watching:
             self._forget(run)
             self._emit(DecisionFailed(run.ticket, now, f"cannot start {run.job_id}: {exc}"))  # type: ignore[arg-type]
             return
-        run.phase, run.beat, run.signature = "spawned", time.monotonic(), ()
+        run.phase, run.beat, run.signature, run.spawned_at = "spawned", time.monotonic(), (), now
         R.save_record(self.layout, run, self.topology)
 
     def _start_proc(self, run: R.Run, argv: list[str], workdir: Path, env: dict[str, str]) -> Proc:
@@ -283,10 +283,11 @@ class Watching:
             run.phase, run.answer, run.seq, run.escalated = "spawned", "move", None, 0
             self._spawn(run, now)
             return
-        self._forget(run)
+        stopped = run.phase == "stopping" and (code != 0 or bool(answer and answer.get("status") == "done"))
+        self._forget(run, ended=None if stopped else code)  # an end on its own is kept until stored
         if run.phase == "stopping":
             stop_ticket = run.stop[0]  # type: ignore[index]
-            if code == 0 and not (answer and answer.get("status") == "done"):  # it finished first
+            if not stopped:  # it finished first
                 self._emit(JobFinished(run.job_id, now, self._final(run, progress)))
                 self._emit(DecisionFailed(stop_ticket, now, f"{run.job_id} finished before it could stop"))
             else:
