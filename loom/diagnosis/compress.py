@@ -79,6 +79,7 @@ _FAILED = re.compile(
 _EXIT = re.compile(r"(?i)\b(?:exit(?:ed)?(?: with)?(?: exit)? ?(?:code|status|value)|exitcode|exit_code|"
                    r"return ?code|returncode)\W{0,4}(-?\d+)(?::(\d+))?")
 _TRACEBACK = "Traceback (most recent call last)"
+_EXCEPTION_LINE = re.compile(r"(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Warning)\b")
 _NO_EVIDENCE, _EVIDENCE, _EXIT_STATUS = 0, 1, 2
 _evidence_memo: dict[str, int] = {}
 MAX_EVIDENCE = 20
@@ -221,13 +222,35 @@ class CompressedLog:
         return self.bytes_in / max(1, self.bytes_out)
 
 
+def _ignored(state: dict[int | None, list[int]], rank: int | None, body: str) -> bool:
+    """Whether the line belongs to the report of an exception the interpreter ignored (from a
+    `__del__` or at exit: `Exception ignored in: ...`, its traceback and the exception line).
+    `state` holds, per stream, how many such reports are open (unprefixed processes share one
+    stream, so several may interleave) and how many more lines they may take; other lines
+    interleaved with them are not part of them."""
+    if body.startswith("Exception ignored"):
+        open_ = state.setdefault(rank, [0, 0])
+        open_[0], open_[1] = open_[0] + 1, 60
+        return True
+    open_ = state.get(rank)
+    if open_ is None:
+        return False
+    open_[1] -= 1
+    ended = _EXCEPTION_LINE.match(body) is not None
+    if ended:
+        open_[0] -= 1
+    if open_[0] <= 0 or open_[1] <= 0:
+        del state[rank]
+    return ended or body[:1].isspace() or body.startswith(_TRACEBACK)
+
+
 def compress(lines: Iterable[str], filters: FilterSet | None = None) -> CompressedLog:
     """Keep the lines no filter removes, with their numbers, ranks and times; streams `lines`."""
     routine = (filters or packaged_filters()).templates
     out = CompressedLog()
     now: float | None = None
     year = 1970
-    ignored: dict[int | None, int] = {}  # rank -> lines left of an ignored exception's report
+    ignored: dict[int | None, list[int]] = {}  # open reports of ignored exceptions (see _ignored)
     for number, raw in enumerate(lines, 1):
         line = raw.rstrip("\n")
         out.lines_in = number
@@ -241,13 +264,7 @@ def compress(lines: Iterable[str], filters: FilterSet | None = None) -> Compress
         if t is not None:
             now = t
             year = datetime.fromtimestamp(t).year
-        if rank in ignored:  # an exception the interpreter ignored (in __del__, at exit): no failure
-            ignored[rank] -= 1
-            if not ignored[rank] or not (body[:1].isspace() or body.startswith(_TRACEBACK)):
-                del ignored[rank]
-            continue
-        if body.startswith("Exception ignored"):
-            ignored[rank] = 60
+        if _ignored(ignored, rank, body):
             continue
         template = mask(body)
         if len(out.evidence) < MAX_EVIDENCE and failure_evidence(body, template):
@@ -276,9 +293,10 @@ def learn_filters(logs: Iterable[object], *, min_types: int = MIN_TYPES) -> Filt
         n_logs += 1
         names.add(log.template)  # type: ignore[attr-defined]
         seen: set[str] = set()
+        ignored: dict[int | None, list[int]] = {}
         for raw in log.lines:  # type: ignore[attr-defined]
-            body = split_prefix(raw)[1]
-            if "\r" in body or not body.strip():
+            rank, body = split_prefix(raw)
+            if "\r" in body or not body.strip() or _ignored(ignored, rank, body):
                 continue
             t = mask(body)
             if t in seen:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from loom.diagnosis import scenarios as sc
 from loom.diagnosis.logsim import Ctx, new_ctx, routine_steps, start_job, train_steps
 
-GENERATOR_VERSION = "2"
+GENERATOR_VERSION = "3"
 HEALTHY = "Healthy"  # label of healthy runs; the diagnosis expected for them is Unknown
 LOGS_PER_TEMPLATE = 5
 
@@ -1032,4 +1032,4 @@ def templates(split: str | None = None) -> list[Template]:
 
 
 # More templates live in modules of their own; importing them registers them (after the above).
-from loom.diagnosis import corpus_blind2, corpus_train2  # noqa: E402,F401  (registration)
+from loom.diagnosis import corpus_blind2, corpus_train2, corpus_train3  # noqa: E402,F401  (registration)

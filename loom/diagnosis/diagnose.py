@@ -21,7 +21,7 @@ from loom.diagnosis.taxonomy import UNKNOWN, error_type
 from loom.errors import FileProblem
 
 if TYPE_CHECKING:
-    from loom.diagnosis.retrieval import Store
+    from loom.diagnosis.retrieval import Embed, Store
 
 _SNIFF = 8192
 LLMHook = Callable[[str], dict[str, Any] | None]
@@ -51,12 +51,14 @@ class Diagnosis:
 
 
 def diagnose(log: str | Path | Iterable[str], *, retrieval: bool = True, llm: LLMHook | None = None,
-             filters: FilterSet | None = None, store: Store | None = None) -> Diagnosis:
+             filters: FilterSet | None = None, store: Store | None = None,
+             embedder: Embed | None = None) -> Diagnosis:
     """Diagnose a failed job's log: a Path (streamed), log text, or an iterable of lines.
 
     A `str` is log text, except a single line naming an existing file, which is read. Raises
     `loom.errors.LoomInputError` for a file that is missing, a directory, binary or empty.
-    `store` replaces the training split's retrieval store (leave-one-template-out evaluation).
+    `store` and `embedder` replace the training split's retrieval store and the embedding model
+    (leave-one-template-out evaluation).
     """
     compressed = compress(_lines(log), filters)
     if compressed.lines_in == 0 or not compressed.bytes_in:
@@ -66,7 +68,7 @@ def diagnose(log: str | Path | Iterable[str], *, retrieval: bool = True, llm: LL
     if ruled is not None and not ruled.weak:
         return _from_rules(ruled, compressed, notes)
     if retrieval:
-        found = _retrieve(compressed, notes, store, ruled)
+        found = _retrieve(compressed, notes, store, ruled, embedder)
         if found is not None:
             return found
     if llm is not None:
@@ -92,8 +94,8 @@ def _make(name: str, lines: Iterable[KeptLine], source: str, log: CompressedLog,
                      source, tuple(k.number for k in lines), ranks, tuple(notes), log.lines_in, len(log.kept))
 
 
-def _retrieve(log: CompressedLog, notes: list[str], store: Store | None, ruled: RulesResult | None
-              ) -> Diagnosis | None:
+def _retrieve(log: CompressedLog, notes: list[str], store: Store | None, ruled: RulesResult | None,
+              embed: Embed | None) -> Diagnosis | None:
     """Retrieval's answer when the log shows that the job failed and it is confident enough: more
     so to override a weak rule's answer than to fill in where no rule fired (retrieval.accept)."""
     from loom.diagnosis import retrieval as rt
@@ -103,7 +105,7 @@ def _retrieve(log: CompressedLog, notes: list[str], store: Store | None, ruled: 
                      "uncaught traceback, fatal signal or scheduler report)")
         return None
     try:
-        embed = rt.load_embedder()
+        embed = embed or rt.load_embedder()
         store = store or rt.default_store(embed)
     except rt.RetrievalUnavailable as exc:
         notes.append(f"retrieval unavailable, rules only: {exc}")

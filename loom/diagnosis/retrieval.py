@@ -319,10 +319,10 @@ class Thresholds:
 
 def choose_threshold(points: Iterable[tuple[float, bool]], cost: float) -> float:
     """The confidence above which answering maximises right - cost * wrong over (confidence, right)
-    points: half-way between the lowest confidence answered and the next one below (1.0 or more:
+    points: half-way between the lowest confidence answered and the next one below (above 1.0:
     never answer)."""
     ranked = sorted(points, key=lambda p: -p[0])
-    best, best_at, gain = 0.0, 1.0 + 1e-9, 0.0
+    best, best_at, gain = 0.0, 1.01, 0.0
     for i, (conf, right) in enumerate(ranked):
         gain += 1.0 if right else -cost
         below = ranked[i + 1][0] if i + 1 < len(ranked) else 0.0
@@ -376,7 +376,27 @@ def accept(found: Retrieved, rules_type: str | None, thresholds: Thresholds | No
     return found.confidence >= (t.fill if rules_type in (None, found.error_type) else t.override)
 
 
-if __name__ == "__main__":  # python -m loom.diagnosis.retrieval: recalibrate data/retrieval.json
-    chosen = calibrate(load_embedder())
-    write_thresholds(chosen)
-    print(chosen)
+def leave_one_template_out_accuracy(embed: Embed, filters: FilterSet | None = None) -> tuple[int, int]:
+    """(right, logs): the whole pipeline (rules + retrieval) on every training log, retrieval's store
+    built without the log's template (the filters are the packaged ones)."""
+    from loom.diagnosis.corpus import HEALTHY, generate
+    from loom.diagnosis.diagnose import diagnose
+
+    right = total = 0
+    for log, _, store, lookup in leave_one_template_out(generate("train"), embed, filters or packaged_filters()):
+        got = diagnose(log.lines, store=store, embedder=lookup).error_type  # type: ignore[attr-defined]
+        right += got == (UNKNOWN if log.error_type == HEALTHY else log.error_type)  # type: ignore[attr-defined]
+        total += 1
+    return right, total
+
+
+if __name__ == "__main__":  # python -m loom.diagnosis.retrieval [--loo]: recalibrate data/retrieval.json
+    import sys
+
+    if "--loo" in sys.argv:
+        right, total = leave_one_template_out_accuracy(load_embedder())
+        print(f"training split, leave-one-template-out, rules + retrieval: {right}/{total} = {right / total:.1%}")
+    else:
+        chosen = calibrate(load_embedder())
+        write_thresholds(chosen)
+        print(chosen)

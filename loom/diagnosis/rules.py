@@ -91,6 +91,10 @@ RULES: tuple[Rule, ...] = (
         r"(?i)\b(?:BMC|IPMI|ipmitool|SEL|Redfish|iDRAC|iLO)\b.*(?:\bpower\b.*\b(?:loss|lost|fail\w*|fault|off|down)\b|"
         r"\bAC lost\b|\bPSU?\d*\b.*\bfail|unexpected (?:reboot|reset|shutdown|power)|\bhard reset\b)",
         r"(?i)\b(?:AC|input) power (?:loss|lost)\b|\bpower supply \S* ?(?:failure|failed|lost)\b|\bPSU\d* (?:failure|failed)\b",
+        # ... as `ipmitool sel list` prints it: id | date | time | sensor | event | Asserted
+        r"(?i)\| (?:Power Supply|Power Unit|System ACPI Power State|Processor|Critical Interrupt)\b[^|]*\| *(?:Power "
+        r"Supply AC lost|AC lost|Failure detected|Power off/down|S5/G2: soft-off|IERR|Machine Check|Bus Fatal Error|"
+        r"Bus Uncorrectable Error|Fatal NMI)[^|]*\| *Asserted",
         # the node's kernel gave up: panic, fatal machine check, hard lockup, uncorrected host memory
         r"(?i)kernel panic|\bmachine check (?:exception|error|events? logged)|\bmce: \[Hardware Error\]|"
         r"fatal machine check|\bhard LOCKUP\b|\bUncorrected (?:hardware )?memory error",
@@ -188,7 +192,7 @@ TRIGGERS = ("error", "ecc", "dbe", "xid", "dcgm_fr", "nvlink", "nvswitch", "aer:
             "_inactiverpc", "root cause", "signal", "undefined symbol", "shared object", "expected", "dtype",
             "device", "mat1", "size", "shape", "unavailable", "rendezvous", "requeu", "not_responding", "=down",
             " down", "power", "psu", "ac lost", "hard reset", "unexpected", "panic", "machine check", "mce:",
-            "lockup", "ssh", "kex_", "daemon", "route to host", "host is down")
+            "lockup", "ssh", "kex_", "daemon", "route to host", "host is down", "processor", "critical interrupt")
 
 
 def classify_line(body: str) -> Rule | None:
