@@ -21,7 +21,12 @@ from loom.diagnosis import Diagnosis, corpus, diagnose
 from loom.diagnosis import retrieval as rt
 from loom.diagnosis.compress import compress, learn_filters, packaged_filters
 from loom.diagnosis.rules import RULES, XID_CODES, classify_line
-from loom.diagnosis.taxonomy import TaxonomyError, parse_taxonomy, parse_xid_codes, taxonomy
+from loom.diagnosis.taxonomy import (
+    TaxonomyError,
+    parse_taxonomy,
+    parse_xid_codes,
+    taxonomy,
+)
 from loom.errors import LoomInputError
 
 KEYS = {"category", "error_type", "root_cause_lines", "recoverable", "mitigation"}

@@ -84,8 +84,8 @@ def _node_mce(c: Ctx) -> None:
     _kernel(c, bad_node * 8, f"mce: [Hardware Error]: RIP !INEXACT! 10:<{c.rng.getrandbits(48):016x}>", root=False,
             style=style)
     _kernel(c, bad_node * 8, c.rng.choice(("Kernel panic - not syncing: Fatal machine check",
-                                           "Kernel panic - not syncing: Timeout: Not all CPUs entered broadcast "
-                                           "exception handler")), style=style)
+                                           ("Kernel panic - not syncing: Timeout: Not all CPUs entered broadcast "
+                                           "exception handler"))), style=style)
 
 
 @template("node-slurm-not-responding", "NodeFailure", "train")
@@ -98,10 +98,10 @@ def _node_slurmd(c: Ctx) -> None:
     _peers_lose(c, bad_node)
     c.add_root(c.rng.choice((f"srun: error: Node failure on {host}",
                              f"[{_iso(c)}.{c.rng.randrange(1000):03d}] error: Nodes {host} not responding",
-                             f"[{_iso(c)}] [cluster-monitor] {host}: slurmd not responding for 300s, state "
-                             "DOWN+NOT_RESPONDING")))
+                             (f"[{_iso(c)}] [cluster-monitor] {host}: slurmd not responding for 300s, state "
+                             "DOWN+NOT_RESPONDING"))))
     c.add(f"slurmstepd: error: *** STEP {job}.0 ON {c.hosts[0]} CANCELLED AT {_iso(c)} ***")
-    c.add(f"srun: Job step aborted: Waiting up to 32 seconds for job step to finish.")
+    c.add("srun: Job step aborted: Waiting up to 32 seconds for job step to finish.")
     for n, h in enumerate(c.hosts):
         if n != bad_node:
             c.add(f"srun: error: {h}: tasks {n * 8}-{n * 8 + 7}: Killed")
@@ -142,8 +142,8 @@ def _cuda_busy(c: Ctx) -> None:
     sc.torchrun_summary(c, bad)
     c.add(f"srun: error: {c.host(bad)}: task {bad}: Exited with exit code 1")
     c.tick(30)
-    c.add(c.rng.choice((f"slurmstepd: error: *** JOB {job} ON {c.hosts[0]} CANCELLED AT {_iso(c)} DUE TO JOB "
-                        f"REQUEUE ***",
+    c.add(c.rng.choice(((f"slurmstepd: error: *** JOB {job} ON {c.hosts[0]} CANCELLED AT {_iso(c)} DUE TO JOB "
+                        f"REQUEUE ***"),
                         f"[{_iso(c)}] [epilog] {c.host(bad)}: job {job} requeued (JobRequeue=1, Restarts=1)",
                         f"sbatch: job {job} requeued, held until resources are available")))
 
@@ -160,19 +160,19 @@ def _healthy_exit(c: Ctx) -> None:
     c.add(f"{c.p(0)}[after training is done] datetime: {c.ts()[:19]} ")
     streams = []
     for r in range(c.world):
-        s = [(f"{c.p(r)}[W{c.clock.strftime('%m%d %H:%M:%S')}.000000 {c.pids[r]} ProcessGroupNCCL.cpp:1250] Warning: "
+        s = [((f"{c.p(r)}[W{c.clock.strftime('%m%d %H:%M:%S')}.000000 {c.pids[r]} ProcessGroupNCCL.cpp:1250] Warning: "
               "WARNING: process group has NOT been destroyed before we destruct ProcessGroupNCCL. On normal program "
               "exit, the application should call destroy_process_group to ensure that any pending NCCL operations "
-              "have finished in this process.", False)]
+              "have finished in this process."), False)]
         if c.rng.random() < 0.3:
-            s += [(f"{c.p(r)}Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__ at "
-                   f"0x7f{c.rng.getrandbits(40):010x}>", False),
+            s += [((f"{c.p(r)}Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__ at "
+                   f"0x7f{c.rng.getrandbits(40):010x}>"), False),
                   (f"{c.p(r)}Traceback (most recent call last):", False),
-                  (f'{c.p(r)}  File "/usr/local/lib/python3.10/dist-packages/torch/utils/data/dataloader.py", line '
-                   "1479, in __del__", False),
+                  ((f'{c.p(r)}  File "/usr/local/lib/python3.10/dist-packages/torch/utils/data/dataloader.py", line '
+                   "1479, in __del__"), False),
                   (f"{c.p(r)}    self._shutdown_workers()", False),
-                  (f"{c.p(r)}AttributeError: '_MultiProcessingDataLoaderIter' object has no attribute "
-                   "'_workers_status'", False)]
+                  ((f"{c.p(r)}AttributeError: '_MultiProcessingDataLoaderIter' object has no attribute "
+                   "'_workers_status'"), False)]
         streams.append(s)
     c.merge(streams)
     c.add(f"{c.p(0)}wandb: Synced {c.run}: https://wandb.ai/acme/{c.model}/runs/{c.rng.getrandbits(32):08x}")

@@ -1,9 +1,10 @@
 """The diagnosis pipeline: read → compress → rules → retrieval fallback → optional LLM hook.
 
 Rules answer when one of their strong rules fired. When only a weak rule fired (a bare
-RuntimeError, an exception the taxonomy does not know, a connection reset) or none did,
-retrieval over past failures is asked, and its answer replaces the rules' when it is confident
-enough. An external LLM can be plugged in as a last resort (`llm=`); it is off by default and no
+RuntimeError, an exception the taxonomy does not know, a connection reset) or none did, and the
+log shows that the job failed (a healthy run's noise is nothing to explain), retrieval over past
+failures is asked; its answer is used above a threshold measured on unseen failure scenarios,
+a higher one when it would override the weak rule's answer. An external LLM can be plugged in as a last resort (`llm=`); it is off by default and no
 test needs it.
 """
 

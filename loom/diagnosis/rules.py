@@ -8,7 +8,8 @@ connection resets) tier 2; NCCL watchdog timeouts, which fire on every surviving
 later, tier 3. The diagnosis is the earliest-in-time match of the lowest tier, so an NCCL timeout
 on ranks 0-6 never masks the CUDA error of rank 7, and a traceback repeated by every rank counts
 once. A rule is *weak* when its match names a symptom more than a cause (a bare RuntimeError, an
-exception the taxonomy does not know, a connection reset); the pipeline then asks retrieval.
+exception the taxonomy does not know, a connection reset): a strong match of the same tier wins
+over it even when later, and when only weak ones are left the pipeline asks retrieval.
 
 To add a rule, append a `Rule` to RULES above the generic ones (order matters: specific first)
 and add a corpus template that exercises it (see docs/DIAGNOSIS.md).
