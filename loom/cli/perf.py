@@ -39,6 +39,16 @@ class PlanMode(str, Enum):
     auto = "auto"
 
 
+class FfnType(str, Enum):
+    gelu = "gelu"
+    swiglu = "swiglu"
+
+
+class PipelineSplit(str, Enum):
+    even = "even"
+    uneven = "uneven"
+
+
 # Flags shared by both commands.
 GpuType = Annotated[str, typer.Option("--gpu-type", help="GPU type (e.g. A100-80GB, H100).")]
 Gpus = Annotated[int, typer.Option("--gpus", min=1, help="Number of GPUs.")]
@@ -50,6 +60,12 @@ Heads = Annotated[int | None, typer.Option("--heads", min=1, help="Custom model:
 Seq = Annotated[int | None, typer.Option("--seq", min=1, help="Custom model: sequence length.")]
 Vocab = Annotated[int | None, typer.Option("--vocab", min=1, help="Custom model: vocabulary size.")]
 FfnHidden = Annotated[int | None, typer.Option("--ffn-hidden", min=1, help="Custom model: FFN size (default 4·hidden).")]
+KvHeads = Annotated[int | None, typer.Option("--kv-heads", min=1,
+                                             help="Custom model: KV heads (GQA; 1 = MQA; default = heads).")]
+FfnTypeOpt = Annotated[FfnType | None, typer.Option("--ffn-type", help="Custom model: FFN kind (default gelu).")]
+Untied = Annotated[bool, typer.Option("--untied-embeddings", help="Custom model: separate LM-head weights.")]
+SplitOpt = Annotated[PipelineSplit, typer.Option(
+    "--pipeline-split", help="even: layers must divide by pp; uneven: any layers, first/last stages get fewer.")]
 MicroBatch = Annotated[int | None, typer.Option("--micro-batch", min=1, help="Micro-batch (searched if omitted).")]
 Tp = Annotated[int | None, typer.Option("--tp", min=1, help="Tensor-parallel size.")]
 Pp = Annotated[int | None, typer.Option("--pp", min=1, help="Pipeline-parallel size.")]
@@ -72,17 +88,28 @@ Top = Annotated[int, typer.Option("--top", min=1, help="How many plans to list."
 Cells = Annotated[bool, typer.Option("--cells/--no-cells", help="Also list Crius Cells (N/2, N, 2N GPUs × stages).")]
 
 CUSTOM_FLAGS = ("--layers", "--hidden", "--heads", "--seq", "--vocab")
+# optional custom-model flags -> ModelSpec fields (None / False: the field's default)
+SHAPE_FLAGS = {"--ffn-hidden": "ffn_hidden", "--kv-heads": "kv_heads", "--ffn-type": "mlp",
+               "--untied-embeddings": "tied_embeddings"}
 
 
-def _command_inputs(model: Any, layers: Any, hidden: Any, heads: Any, seq: Any, vocab: Any, ffn_hidden: Any,
+def shape_options(ffn_hidden: int | None, kv_heads: int | None, ffn_type: FfnType | None,
+                  untied: bool) -> dict[str, Any]:
+    """The optional custom-model flags given, keyed by flag (what `build_model` takes)."""
+    given = {"--ffn-hidden": ffn_hidden, "--kv-heads": kv_heads,
+             "--ffn-type": ffn_type.value if ffn_type else None, "--untied-embeddings": False if untied else None}
+    return {flag: value for flag, value in given.items() if value is not None}
+
+
+def _command_inputs(model: Any, layers: Any, hidden: Any, heads: Any, seq: Any, vocab: Any, options: dict[str, Any],
                     gpu_type: str, gpus_per_node: int, nic_gbps: Any, global_batch: int, precision: Precision,
                     no_flash: bool, grad_bytes: int, activation_bytes: int, dp_minipods: int, pp_minipods: int,
-                    knobs: Choices) -> tuple[Any, Any, Any, Choices]:
+                    knobs: Choices, split: PipelineSplit = PipelineSplit.even) -> tuple[Any, Any, Any, Choices]:
     """What `estimate` and `plan` share: the job, hardware, group spread and pinned knobs."""
     spec = build_model(model, {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq, "vocab": vocab},
-                       ffn_hidden)
+                       options)
     job, hardware = build_inputs(gpu_type, gpus_per_node, nic_gbps, spec, global_batch, precision, no_flash,
-                                 grad_bytes, activation_bytes)
+                                 grad_bytes, activation_bytes, split)
     return job, hardware, build_placement(dp_minipods, pp_minipods), knobs
 
 
@@ -92,32 +119,38 @@ def _unset(knobs: Any) -> list[str]:
             if getattr(knobs, name) is None]
 
 
-def build_model(model: str | None, shape: dict[str, int | None], ffn_hidden: int | None) -> Any:
-    """A preset (`--model`) or a custom shape (`--layers ... --vocab`), never both."""
+def build_model(model: str | None, shape: dict[str, int | None], options: dict[str, Any] | None = None) -> Any:
+    """A preset (`--model`) or a custom shape (`--layers ... --vocab`, plus the optional
+    `SHAPE_FLAGS` given in `options`), never both: a preset is its published shape."""
     from loom.perf.model import ModelSpec
     from loom.perf.presets import preset
 
+    options = options or {}
     given = [flag for flag, value in zip(CUSTOM_FLAGS, shape.values()) if value is not None]
     if model is not None:
-        if given or ffn_hidden is not None:
-            extra = given + (["--ffn-hidden"] if ffn_hidden is not None else [])
-            raise LoomInputError(f"--model cannot be combined with {', '.join(extra)}", field="--model")
+        if given or options:
+            raise LoomInputError(f"--model cannot be combined with {', '.join(given + list(options))}", field="--model")
         return preset(model)
     missing = [flag for flag, value in zip(CUSTOM_FLAGS, shape.values()) if value is None]
     if missing:
         hint = f"; missing {', '.join(missing)}" if given else ""
         raise LoomInputError(f"give --model PRESET or all of {', '.join(CUSTOM_FLAGS)}{hint}", field="--model")
-    return ModelSpec(name="custom", ffn_hidden=ffn_hidden, **shape)  # type: ignore[arg-type]
+    fields = {SHAPE_FLAGS[flag]: value for flag, value in options.items()}
+    try:
+        return ModelSpec(name="custom", **shape, **fields)  # type: ignore[arg-type]
+    except LoomInputError as exc:  # name the flag, not the field
+        flag = next((f for f, name in SHAPE_FLAGS.items() if name == exc.field), None)
+        raise LoomInputError(exc.message, field=flag or exc.field) from None
 
 
 def build_inputs(gpu_type: str, gpus_per_node: int, nic_gbps: float | None, model: Any, global_batch: int,
-                 precision: Precision, no_flash: bool, grad_bytes: int = 2, activation_bytes: int = 2
-                 ) -> tuple[Any, Any]:
+                 precision: Precision, no_flash: bool, grad_bytes: int = 2, activation_bytes: int = 2,
+                 split: PipelineSplit = PipelineSplit.even) -> tuple[Any, Any]:
     from loom.perf.inputs import Hardware, TrainingJob
 
     hardware = Hardware(gpu_type, gpus_per_node=gpus_per_node, nic_gbps=nic_gbps)
     job = TrainingJob(model, global_batch, precision=precision.value, flash_attention=not no_flash,
-                      grad_bytes=grad_bytes, activation_bytes=activation_bytes)
+                      grad_bytes=grad_bytes, activation_bytes=activation_bytes, pipeline_split=split.value)
     return job, hardware
 
 
@@ -129,15 +162,13 @@ def build_placement(dp_minipods: int, pp_minipods: int) -> Any:
 
 def _check_pinned(job: Any, gpus: int, knobs: Choices) -> None:
     """Reject pinned tp/pp/vpp that no plan for this job could use, naming the flag."""
-    from loom.perf.inputs import PlanError
+    from loom.perf.inputs import PlanError, check_pipeline, check_tp
 
     tp, pp, vpp = knobs.tp or 1, knobs.pp or 1, knobs.vpp or 1
     if gpus % (tp * pp * (knobs.dp or 1)):
         raise PlanError(f"tp·pp·dp = {tp * pp * (knobs.dp or 1)} does not divide {gpus} GPUs", field="tp")
-    if job.model.heads % tp:
-        raise PlanError(f"heads ({job.model.heads}) not divisible by tp={tp}", field="tp")
-    if job.model.layers % (pp * vpp):
-        raise PlanError(f"layers ({job.model.layers}) not divisible by pp·vpp = {pp}·{vpp}", field="pp")
+    check_tp(job.model, tp)
+    check_pipeline(job.model.layers, pp, vpp, job.pipeline_split)
 
 
 def _search(job: Any, hardware: Any, gpus: int, knobs: Choices, top: int, placement: Any = None) -> Any:
@@ -220,6 +251,8 @@ def _fail(reason: str) -> None:
 def estimate(
     gpu_type: GpuType, gpus: Gpus, global_batch: GlobalBatch, model: Model = None, layers: Layers = None,
     hidden: Hidden = None, heads: Heads = None, seq: Seq = None, vocab: Vocab = None, ffn_hidden: FfnHidden = None,
+    kv_heads: KvHeads = None, ffn_type: FfnTypeOpt = None, untied_embeddings: Untied = False,
+    pipeline_split: SplitOpt = PipelineSplit.even,
     micro_batch: MicroBatch = None, tp: Tp = None, pp: Pp = None, dp: Dp = None, vpp: Vpp = None, zero: Zero = None,
     recompute: RecomputeOpt = None, plan: PlanOpt = None, gpus_per_node: GpusPerNode = 8, nic_gbps: NicGbps = None,
     precision: PrecisionOpt = Precision.bf16, no_flash_attention: NoFlash = False, as_json: AsJson = False,
@@ -230,9 +263,10 @@ def estimate(
     from loom.perf.search import Choices
 
     job, hardware, placement, knobs = _command_inputs(
-        model, layers, hidden, heads, seq, vocab, ffn_hidden, gpu_type, gpus_per_node, nic_gbps, global_batch,
-        precision, no_flash_attention, grad_bytes, activation_bytes, dp_minipods, pp_minipods,
-        Choices(tp, pp, dp, micro_batch, vpp, zero, recompute.value if recompute else None))
+        model, layers, hidden, heads, seq, vocab, shape_options(ffn_hidden, kv_heads, ffn_type, untied_embeddings),
+        gpu_type, gpus_per_node, nic_gbps, global_batch, precision, no_flash_attention, grad_bytes, activation_bytes,
+        dp_minipods, pp_minipods, Choices(tp, pp, dp, micro_batch, vpp, zero, recompute.value if recompute else None),
+        pipeline_split)
     best, reason, searched = resolve(job, hardware, gpus, knobs, plan is PlanMode.auto, placement)
     if as_json:
         out = best.as_dict() if best is not None else {"feasible": False, "reason": reason}
@@ -328,6 +362,8 @@ def _cells_table(rows: list[tuple[Any, Any]], hardware: Any, gpus: int) -> Table
 def plan(
     gpu_type: GpuType, gpus: Gpus, global_batch: GlobalBatch, model: Model = None, layers: Layers = None,
     hidden: Hidden = None, heads: Heads = None, seq: Seq = None, vocab: Vocab = None, ffn_hidden: FfnHidden = None,
+    kv_heads: KvHeads = None, ffn_type: FfnTypeOpt = None, untied_embeddings: Untied = False,
+    pipeline_split: SplitOpt = PipelineSplit.even,
     micro_batch: MicroBatch = None, tp: Tp = None, pp: Pp = None, dp: Dp = None, vpp: Vpp = None, zero: Zero = None,
     recompute: RecomputeOpt = None, top: Top = 10, gpus_per_node: GpusPerNode = 8, nic_gbps: NicGbps = None,
     precision: PrecisionOpt = Precision.bf16, no_flash_attention: NoFlash = False, as_json: AsJson = False,
@@ -338,9 +374,10 @@ def plan(
     from loom.perf.search import Choices
 
     job, hardware, placement, knobs = _command_inputs(
-        model, layers, hidden, heads, seq, vocab, ffn_hidden, gpu_type, gpus_per_node, nic_gbps, global_batch,
-        precision, no_flash_attention, grad_bytes, activation_bytes, dp_minipods, pp_minipods,
-        Choices(tp, pp, dp, micro_batch, vpp, zero, recompute.value if recompute else None))
+        model, layers, hidden, heads, seq, vocab, shape_options(ffn_hidden, kv_heads, ffn_type, untied_embeddings),
+        gpu_type, gpus_per_node, nic_gbps, global_batch, precision, no_flash_attention, grad_bytes, activation_bytes,
+        dp_minipods, pp_minipods, Choices(tp, pp, dp, micro_batch, vpp, zero, recompute.value if recompute else None),
+        pipeline_split)
     _check_pinned(job, gpus, knobs)
     result = _search(job, hardware, gpus, knobs, top=top, placement=placement)
     if not result.top:

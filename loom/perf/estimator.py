@@ -40,6 +40,7 @@ from loom.perf.memory import (
 )
 from loom.perf.model import ModelSpec
 from loom.perf.plan_cache import PlanCache, default_plan_cache
+from loom.perf.stages import StageSpec, uniform_stages
 
 OPTIMIZER_BYTES_PER_PARAM = 28.0  # Adam step: read fp32 master/m/v + grad, write them + bf16 weights
 # Eager (unfused) transformer layers move ~2.5x the bytes of fused ones: counting
@@ -87,19 +88,6 @@ def _hardware_numbers(hardware: Hardware) -> tuple[GpuSpec, Links]:
 @lru_cache(maxsize=4096)
 def _iteration_flops(model: ModelSpec, global_batch: int, recompute: str) -> float:
     return flops_per_iteration(model, global_batch, recompute)
-
-
-@dataclass(frozen=True, slots=True)
-class StageSpec:
-    """`count` identical pipeline stages of `layers` layers each on dp × tp GPUs."""
-
-    hardware: Hardware
-    tp: int
-    dp: int
-    layers: int
-    first: bool = False
-    last: bool = False
-    count: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -438,6 +426,8 @@ class Estimator:
         if not job.fused_kernels:
             traffic_layer *= UNFUSED_TRAFFIC_FACTOR
         forward = layers * fwd_layer / tp
+        if tp > model.kv_heads:  # replicated KV heads: each rank projects one K and one V head
+            forward += layers * 2.0 * tokens * model.kv_replicated_weights(tp)
         fwd_traffic = layers * traffic_layer
         if stage.last:
             logits = 2.0 * tokens * model.hidden * model.vocab / tp
@@ -457,6 +447,8 @@ class Estimator:
         if model.kind == "cnn":
             return numbers.total_params
         params = stage.layers * numbers.params_per_layer
+        if stage.tp > model.kv_heads:  # replicated KV heads (per GPU after the caller's / tp)
+            params += stage.layers * model.kv_replicated_weights(stage.tp) * stage.tp
         embedding = numbers.embedding
         if stage.first:
             params += embedding
@@ -567,21 +559,6 @@ class Estimator:
                     f"stage, {available:.1f} GiB usable"
                 )
         return memory, ""
-
-
-def uniform_stages(job: TrainingJob, hardware: Hardware, plan: ParallelPlan) -> tuple[StageSpec, ...]:
-    """First, middle and last stages of an even split (at most three distinct shapes)."""
-    return _uniform_stages(hardware, plan.tp, plan.dp, plan.pp, job.model.layers // plan.pp)
-
-
-@lru_cache(maxsize=1 << 16)
-def _uniform_stages(hardware: Hardware, tp: int, dp: int, pp: int, layers: int) -> tuple[StageSpec, ...]:
-    # Memoised so that the plans of a search share stage objects (cheap cache keys).
-    make = lambda first, last, count: StageSpec(hardware, tp, dp, layers, first, last, count)
-    if pp == 1:
-        return (make(True, True, 1),)
-    middle = (make(False, False, pp - 2),) if pp > 2 else ()
-    return (make(True, False, 1), *middle, make(False, True, 1))
 
 
 _DEFAULT: Estimator | None = None

@@ -15,6 +15,7 @@ from loom.perf.model import ModelSpec
 from loom.perf.presets import preset
 
 PRECISIONS = ("bf16", "fp16")
+PIPELINE_SPLITS = ("even", "uneven")  # see loom.perf.stages
 DEFAULT_BATCH = 256  # a trace job's batch when its trace gives none
 
 
@@ -40,12 +41,19 @@ class TrainingJob:
     overlap_dp: bool = True  # DP gradient sync overlaps the last backward pass
     fused_kernels: bool = True  # False: eager unfused norms/rotary/activations (e.g. HF Transformers)
     optimizer_offload: bool = False  # optimizer step on the host (DeepSpeed ZeRO-Offload)
+    # "even": layers must divide by pp (Megatron's default); "uneven": any layers ≥ pp,
+    # first and last stages get fewer (`loom.perf.stages.split_layers`)
+    pipeline_split: str = "even"
 
     def __post_init__(self) -> None:
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch <= 0:
             raise LoomInputError(f"must be a positive integer, got {self.global_batch!r}", field="global_batch")
         if self.precision not in PRECISIONS:
             raise LoomInputError(f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}", field="precision")
+        if self.pipeline_split not in PIPELINE_SPLITS:
+            raise LoomInputError(
+                f"must be one of {', '.join(PIPELINE_SPLITS)}, got {self.pipeline_split!r}", field="pipeline_split"
+            )
         for field in ("grad_bytes", "activation_bytes", "tp_bytes"):
             if getattr(self, field) not in (1, 2, 4):
                 raise LoomInputError(f"must be 1, 2 or 4 bytes, got {getattr(self, field)!r}", field=field)
@@ -151,12 +159,8 @@ def check_plan(job: TrainingJob, plan: ParallelPlan, gpus: int | None = None) ->
         raise PlanError(f"zero shard group {plan.zero_shard} must divide dp={plan.dp}", field="zero_shard")
     if model.kind == "cnn" and (plan.tp > 1 or plan.pp > 1):
         raise PlanError("cnn models are modelled data-parallel only (tp = pp = 1)", field="tp")
-    if model.heads % plan.tp:
-        raise PlanError(f"heads ({model.heads}) not divisible by tp={plan.tp}", field="tp")
-    if model.layers % (plan.pp * plan.virtual_stages):
-        raise PlanError(
-            f"layers ({model.layers}) not divisible by pp·vpp = {plan.pp}·{plan.virtual_stages}", field="pp"
-        )
+    check_tp(model, plan.tp)
+    check_pipeline(model.layers, plan.pp, plan.virtual_stages, job.pipeline_split)
     if plan.virtual_stages > 1 and plan.pp == 1:
         raise PlanError("virtual pipeline stages need pp > 1", field="vpp")
     per_step = plan.micro_batch * plan.dp
@@ -167,3 +171,53 @@ def check_plan(job: TrainingJob, plan: ParallelPlan, gpus: int | None = None) ->
         )
     if plan.virtual_stages > 1 and (job.global_batch // per_step) % plan.pp:
         raise PlanError("interleaved schedule needs micro-batches divisible by pp", field="vpp")
+
+
+def check_tp(model: ModelSpec, tp: int) -> None:
+    """Heads split over TP ranks; KV heads too, or replicated when tp > kv_heads (Megatron)."""
+    if model.heads % tp:
+        raise PlanError(f"heads ({model.heads}) not divisible by tp={tp}", field="tp")
+    kv = model.kv_heads or model.heads
+    if kv % tp and tp % kv:
+        fits = [t for t in _divisors(model.heads) if not (kv % t and t % kv)]
+        raise PlanError(
+            f"kv_heads ({kv}) and tp={tp}: kv_heads must be divisible by tp, or tp by kv_heads (Megatron "
+            f"replicates KV heads when tp > kv_heads); nearest: {_nearest('tp', tp, fits)}",
+            field="tp",
+        )
+
+
+def check_pipeline(layers: int, pp: int, vpp: int, split: str = "even") -> None:
+    """Every stage needs a layer; an even split needs layers divisible by pp; interleaving
+    needs equal virtual stages (layers divisible by pp·vpp). Refusals name the nearest plan."""
+    if pp > layers:
+        raise PlanError(f"pp={pp} exceeds layers ({layers}): every stage needs a layer; nearest: pp={layers}",
+                        field="pp")
+    if layers % (pp * vpp) == 0:
+        return
+    if vpp > 1:
+        vpps = [v for v in range(1, layers // pp + 1) if layers % (pp * v) == 0 or (v == 1 and split == "uneven")]
+        pps = [p for p in range(2, layers // vpp + 1) if layers % (p * vpp) == 0]
+        options = [_nearest("vpp", vpp, vpps), _nearest("pp", pp, pps) + f" with vpp={vpp}" if pps else ""]
+        raise PlanError(
+            f"layers ({layers}) not divisible by pp·vpp = {pp}·{vpp} (interleaving needs equal virtual stages); "
+            f"nearest: {' or '.join(o for o in options if o)}",
+            field="pp",
+        )
+    if split == "even":
+        raise PlanError(
+            f"layers ({layers}) not divisible by pp={pp}; nearest: {_nearest('pp', pp, _divisors(layers))}, "
+            "or pipeline_split='uneven' (first and last stages get fewer layers)",
+            field="pp",
+        )
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _nearest(name: str, value: int, options: list[int]) -> str:
+    """'name=a or name=b': the valid options just below and above `value`."""
+    below = [o for o in options if o < value][-1:]
+    above = [o for o in options if o > value][:1]
+    return " or ".join(f"{name}={o}" for o in below + above) or f"{name}=1"

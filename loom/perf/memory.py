@@ -8,7 +8,11 @@ over the DP group or over groups of `zero_shard` ranks (hierarchical ZeRO).
 
 Activations per layer and micro-batch of b sequences (Korthikanti et al. 2022,
 tensor parallel t, no sequence parallelism): s·b·h·(10 + 24/t) bytes plus
-5·a·s²·b/t when attention scores are materialised (no FlashAttention).
+5·a·s²·b/t when attention scores are materialised (no FlashAttention). Of the
+24/t, K and V are 4/t (2·s·b·h each); with grouped-query attention they are
+4·s·b·d·max(g/t, 1) for g KV heads of size d (one head per rank when the heads
+are replicated, t > g). The MLP's 16/t assumes a 4h GeLU MLP (not yet scaled
+to ffn_hidden or SwiGLU: a later increment of issue 22).
 Selective recomputation drops the score term; full recomputation keeps only
 each layer's 2·s·b·h input plus one layer's working set. Under 1F1B the first
 pipeline rank holds pp micro-batches in flight, rank r holds pp − r; the
@@ -45,7 +49,10 @@ def layer_activation_bytes(job: TrainingJob, micro_batch: int, tp: int, recomput
     sbh = m.seq_len * micro_batch * m.hidden
     if recompute == "full":
         return 2.0 * sbh
-    stored = sbh * (10.0 + 24.0 / tp)
+    if m.kv_heads == m.heads:  # multi-head attention: Korthikanti's 24/t as published
+        stored = sbh * (10.0 + 24.0 / tp)
+    else:  # K and V (2·sbh each with MHA) shrink to kv_heads heads, one per rank when tp > kv_heads
+        stored = sbh * (10.0 + 20.0 / tp) + 4.0 * m.seq_len * micro_batch * m.head_dim * max(m.kv_heads / tp, 1.0)
     if recompute == "none" and not job.flash_attention:
         stored += 5.0 * m.heads * m.seq_len * m.seq_len * micro_batch / tp
     return stored

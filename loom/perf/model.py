@@ -11,8 +11,10 @@ Parameter-count conventions (every term, so totals can be audited):
   output (logit) layer shares the input embedding when ``tied_embeddings``
   (GPT-3, Megatron), else adds another ``V·h`` (Llama-2).
 - attention per layer: Q and O are ``h×h``; K and V are ``h×(kv_heads·h/heads)``
-  (grouped-query attention when ``kv_heads < heads``); biases on all four when
-  ``bias``. Multi-head GPT: ``4h² + 4h``.
+  (grouped-query attention when ``kv_heads < heads``, multi-query when 1); biases
+  on all four when ``bias``. Multi-head GPT: ``4h² + 4h``. Tensor parallelism
+  splits the KV heads, or replicates them when tp > kv_heads
+  (`kv_replicated_weights`; `loom.perf.inputs.check_tp` needs one to divide the other).
 - MLP per layer: ``mlp="gelu"``: two matrices ``2·h·f`` (+ ``f + h`` biases);
   ``mlp="swiglu"``: three matrices ``3·h·f`` (+ ``2f + h`` biases).
 - norms: two per layer plus a final one; LayerNorm has weight and bias (``2h``
@@ -144,6 +146,20 @@ class ModelSpec:
     @property
     def head_dim(self) -> int:
         return self.hidden // self.heads
+
+    @property
+    def ffn_type(self) -> str:
+        """The FFN kind ("gelu": 2 matrices, "swiglu": 3), stored as `mlp`; the CLI's --ffn-type."""
+        return self.mlp
+
+    def kv_replicated_weights(self, tp: int) -> int:
+        """KV projection weights each GPU holds beyond its 1/tp share: Megatron replicates
+        KV heads when tp > kv_heads, so each rank keeps one K and one V head (2·h·d)
+        instead of 2·h·d·kv_heads/tp. Zero when tp ≤ kv_heads."""
+        kv = self.kv_heads or self.heads
+        if tp <= kv:
+            return 0
+        return 2 * self.hidden * self.head_dim * (tp - kv) // tp
 
     @property
     def moe_layers(self) -> int:

@@ -73,7 +73,7 @@ def _candidate_shapes(job: TrainingJob, hardware: Hardware, gpus: int,
                 continue
             for mb in _micro_batches(job.global_batch // dp, choices):
                 micro_batches = job.global_batch // (mb * dp)
-                for vpp in _vpp_options(model.layers // pp, pp, micro_batches, choices):
+                for vpp in _vpp_options(model.layers, pp, micro_batches, choices):
                     yield dp, tp, pp, mb, vpp
 
 
@@ -276,7 +276,7 @@ def _tp_options(job: TrainingJob, hardware: Hardware, gpus: int, choices: Choice
         return [1]
     options, tp = [], 1
     while tp <= min(gpus, hardware.gpus_per_node):
-        if gpus % tp == 0 and job.model.heads % tp == 0:
+        if gpus % tp == 0 and job.model.heads % tp == 0 and _kv_splits(job.model.kv_heads, tp):
             options.append(tp)
         tp *= 2
     return options
@@ -287,8 +287,13 @@ def _pp_options(job: TrainingJob, ranks: int, choices: Choices) -> list[int]:
         return [choices.pp] if ranks % choices.pp == 0 else []
     if job.model.kind == "cnn":
         return [1]
-    layers = job.model.layers
-    return [pp for pp in range(1, min(ranks, layers) + 1) if ranks % pp == 0 and layers % pp == 0]
+    layers, uneven = job.model.layers, job.pipeline_split == "uneven"
+    return [pp for pp in range(1, min(ranks, layers) + 1) if ranks % pp == 0 and (uneven or layers % pp == 0)]
+
+
+def _kv_splits(kv_heads: int | None, tp: int) -> bool:
+    """KV heads split over tp ranks, or replicated (tp a multiple of them): `check_tp`'s rule."""
+    return kv_heads is None or kv_heads % tp == 0 or tp % kv_heads == 0
 
 
 def _micro_batches(per_replica: int, choices: Choices) -> list[int]:
@@ -302,13 +307,15 @@ def _micro_batches(per_replica: int, choices: Choices) -> list[int]:
     return options
 
 
-def _vpp_options(layers_per_stage: int, pp: int, micro_batches: int, choices: Choices) -> list[int]:
+def _vpp_options(layers: int, pp: int, micro_batches: int, choices: Choices) -> list[int]:
+    """Interleaving needs equal virtual stages (layers divisible by pp·v); v = 1 is always
+    offered (an uneven split is the plan's validity check, `check_pipeline`)."""
     if choices.vpp is not None:
         return [choices.vpp]
     if pp == 1:
         return [1]
     return [
-        v for v in VIRTUAL_STAGES if layers_per_stage % v == 0 and (v == 1 or micro_batches % pp == 0)
+        v for v in VIRTUAL_STAGES if v == 1 or (layers % (pp * v) == 0 and micro_batches % pp == 0)
     ]
 
 
