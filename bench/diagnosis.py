@@ -1,13 +1,15 @@
 """Failure diagnosis (issue 20) on the corpus's held-out splits: rules alone vs rules + retrieval.
 
-    PYTHONPATH=. python bench/diagnosis.py [--split test|blind|blind2|held-out|all-held-out] [--json OUT]
+    PYTHONPATH=. python bench/diagnosis.py [--split test|blind|blind2|blind3|held-out|all-held-out] [--json OUT]
                                            [--learn-filters]
 
 Splits (loom/diagnosis/corpus.py): `test` (19 templates never in the training split, but looked at
 while the retrieval was designed), `blind` (15 templates written afterwards without reading the
 rules, filters or retrieval code; measured once), `blind2` (20 more templates written the same
-way, loom/diagnosis/corpus_blind2.py and corpus_blind2b.py; measured once), `held-out` (test +
-blind; the default) and `all-held-out` (test + blind + blind2).
+way, loom/diagnosis/corpus_blind2.py and corpus_blind2b.py; measured once), `blind3` (20 more,
+corpus_blind3.py and corpus_blind3b.py, written while the rules were generalised after blind2,
+by someone who did not read them; measured once), `held-out` (test + blind; the default) and
+`all-held-out` (test + blind + blind2 + blind3).
 
 Prints error-type accuracy (rules alone, rules + retrieval), the root-cause line hit rate (the
 first reported line is a labelled root-cause line), per-class precision and recall, the
@@ -33,9 +35,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", metavar="OUT")
     ap.add_argument("--learn-filters", action="store_true")
-    ap.add_argument("--split", choices=("test", "blind", "blind2", "held-out", "all-held-out"), default="held-out")
+    ap.add_argument("--split", choices=("test", "blind", "blind2", "blind3", "held-out", "all-held-out"), default="held-out")
     args = ap.parse_args()
-    splits = {"held-out": ("test", "blind"), "all-held-out": ("test", "blind", "blind2")}.get(args.split, (args.split,))
+    splits = {"held-out": ("test", "blind"), "all-held-out": ("test", "blind", "blind2", "blind3")}.get(args.split, (args.split,))
     if args.learn_filters:
         print(f"filters: {len(relearn().templates)} learned from the training split")
     logs = [log for split in splits for log in corpus.generate(split)]

@@ -339,10 +339,11 @@ def test_filters_are_learned_from_the_training_split_only():
 def test_corpus_size_split_and_determinism():
     names = {t.name for t in corpus.TEMPLATES}
     assert len(names) == len(corpus.TEMPLATES) >= 20
-    train, test, blind, blind2 = ({t.name for t in corpus.templates(s)} for s in ("train", "test", "blind", "blind2"))
-    assert train and test and blind and blind2 and not train & test and not (train | test) & blind
-    assert not (train | test | blind) & blind2
-    assert train | test | blind | blind2 == names
+    splits = ("train", "test", "blind", "blind2", "blind3")
+    train, test, blind, blind2, blind3 = ({t.name for t in corpus.templates(s)} for s in splits)
+    assert train and test and blind and blind2 and blind3 and not train & test and not (train | test) & blind
+    assert not (train | test | blind) & blind2 and not (train | test | blind | blind2) & blind3
+    assert train | test | blind | blind2 | blind3 == names
     assert len(corpus.TEMPLATES) * corpus.LOGS_PER_TEMPLATE >= 200
     t = _by_name("cuda-illegal-access")
     a, b = corpus.render(t, 3), corpus.render(t, 3)

@@ -30,7 +30,7 @@ LOGS_PER_TEMPLATE = 5
 class Template:
     name: str
     error_type: str
-    split: str  # "train" | "test" | "blind" | "blind2"
+    split: str  # "train" | "test" | "blind" | "blind2" | "blind3"
     write: Callable[[Ctx], None]
 
 
@@ -1032,4 +1032,4 @@ def templates(split: str | None = None) -> list[Template]:
 
 
 # More templates live in modules of their own; importing them registers them (after the above).
-from loom.diagnosis import corpus_blind2, corpus_train2, corpus_train3  # noqa: E402,F401  (registration)
+from loom.diagnosis import corpus_blind2, corpus_blind3, corpus_train2, corpus_train3  # noqa: E402,F401  (registration)

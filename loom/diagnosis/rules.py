@@ -191,7 +191,7 @@ TRIGGERS = ("error", "ecc", "dbe", "xid", "dcgm_fr", "nvlink", "nvswitch", "aer:
             "watchdog", "timeout", "timed out", "heartbeat", "hung", "straggler", "nccl", "remote", "peer", "ibv_",
             "retry count", "connection", "broken pipe", "exception", "max retries", "urlopen", "statuscode",
             "_inactiverpc", "root cause", "signal", "undefined symbol", "shared object", "expected", "dtype",
-            "device", "mat1", "size", "shape", "unavailable", "rendezvous", "requeu", "not_responding", "=down",
+            "device", "mat1", "size", "shape", "unavailable", "rendezvous", "requeu", "not_responding", "not responding", "=down",
             " down", "power", "psu", "ac lost", "hard reset", "unexpected", "panic", "machine check", "mce:",
             "lockup", "ssh", "kex_", "daemon", "route to host", "host is down", "processor", "critical interrupt")
 
