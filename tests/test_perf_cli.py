@@ -68,13 +68,24 @@ def test_infeasible_exits_1_with_reason(extra):
     ([*GPT3_64, "--tp", "5"], "tp"),
     ([*GPT3_64, "--tp", "8", "--pp", "7"], "tp"),
     (["--gpu-type", "A100-80GB", "--gpus", "56", "--model", "gpt3-175b", "--global-batch", "512", "--tp", "8",
-      "--pp", "7"], "pp"),
+      "--pp", "7", "--pipeline-split", "even"], "pp"),
+    (["--gpu-type", "A100-80GB", "--gpus", "97", "--model", "gpt3-175b", "--global-batch", "97", "--pp", "97"], "pp"),
     ([*LLAMA7_8, "--global-batch", "63"], "global_batch"),
 ])
 def test_invalid_plan_names_the_field(args, field):
     res = runner.invoke(app, ["estimate", *args])
     assert res.exit_code == 2
     assert f"field '{field}'" in res.output and "Traceback" not in res.output
+
+
+def test_gpt3_on_7_stages_is_accepted_with_the_uneven_split():
+    """Issue 22: 96 layers on pp=7 (was refused) splits 13, 14×5, 13; the table shows it too."""
+    args = ["--gpu-type", "A100-80GB", "--gpus", "56", "--model", "gpt3-175b", "--global-batch", "512", "--tp", "8",
+            "--pp", "7", "--micro-batch", "1", "--recompute", "full", "--zero", "1"]
+    code, out = _json(["estimate", *args, "--json"])
+    assert code in (0, 1) and out["plan"]["pp"] == 7 and out["stage_layers"] == [13, 14, 14, 14, 14, 14, 13]
+    res = runner.invoke(app, ["estimate", *args])
+    assert "13, 14×5, 13" in res.output and "Traceback" not in res.output
 
 
 def test_unknown_gpu_type_is_a_clear_error():

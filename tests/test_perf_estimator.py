@@ -72,7 +72,7 @@ def test_calibration_file_errors_name_the_field(tmp_path):
     [
         (ParallelPlan(dp=2, tp=2, pp=2), 16, "dp"),
         (ParallelPlan(dp=1, tp=3), 3, "tp"),
-        (ParallelPlan(dp=1, pp=5), 5, "pp"),
+        (ParallelPlan(dp=1, pp=25), 25, "pp"),  # more stages than layers
         (ParallelPlan(dp=1, pp=2, virtual_stages=5), 2, "pp"),
         (ParallelPlan(dp=3), 3, "global_batch"),
         (ParallelPlan(zero_stage=4), 1, "zero"),
@@ -83,6 +83,27 @@ def test_invalid_plans_name_the_field(plan, gpus, field):
     with pytest.raises(PlanError) as info:
         check_plan(TrainingJob(gpt(), 64), plan, gpus)
     assert info.value.field == field
+
+
+def test_24_layers_on_5_stages_split_unevenly_by_default():
+    """Issue 22: refusing layers not divisible by pp was a defect. 24 = 5+5+5+5+4 (q=4, r=4 extras:
+    the three middle stages and, r = pp − 1, the first; the last stage, with the LM head, keeps 4)."""
+    job, plan = TrainingJob(gpt(), 64), ParallelPlan(dp=1, pp=5)
+    check_plan(job, plan, 5)
+    assert [(s.layers, s.count) for s in uniform_stages(job, A100, plan)] == [(5, 1), (5, 3), (4, 1)]
+    assert EST.estimate(job, A100, plan).iteration_s > 0
+
+
+def test_even_split_and_interleaving_still_refuse_naming_the_field_and_nearest_plan():
+    with pytest.raises(PlanError) as info:
+        check_plan(TrainingJob(gpt(), 64, pipeline_split="even"), ParallelPlan(dp=1, pp=5), 5)
+    assert info.value.field == "pp" and "nearest: pp=4 or pp=6" in info.value.message
+    with pytest.raises(PlanError) as info:
+        check_plan(TrainingJob(gpt(), 64), ParallelPlan(dp=1, pp=5, virtual_stages=2), 5)
+    assert info.value.field == "pp" and "nearest: vpp=1 or pp=4 or pp=6 with vpp=2" in info.value.message
+    with pytest.raises(PlanError) as info:
+        check_plan(TrainingJob(gpt(), 64), ParallelPlan(dp=1, pp=25), 25)
+    assert info.value.field == "pp" and "nearest: pp=24" in info.value.message
 
 
 def test_unknown_gpu_type_is_a_clear_error():

@@ -128,7 +128,7 @@ def test_405b_on_16_stages_splits_7_8_7():
 
 
 def test_even_split_refusal_suggests_the_nearest_plan():
-    job = TrainingJob(preset("llama3-405b"), 1024)
+    job = TrainingJob(preset("llama3-405b"), 1024, pipeline_split="even")
     with pytest.raises(PlanError) as info:
         check_plan(job, ParallelPlan(dp=8, tp=8, pp=16), 1024)
     assert info.value.field == "pp"
@@ -197,13 +197,14 @@ def test_cli_llama3_70b_preset_estimates():
     assert code in (0, 1) and json.loads(out)["plan"]["pp"] == 4
 
 
-def test_cli_405b_on_pp16_needs_the_uneven_split():
+def test_cli_405b_on_pp16_splits_unevenly_unless_even_is_asked():
     args = ["estimate", "--gpu-type", "H100", "--gpus", "256", "--model", "llama3-405b", "--global-batch", "64",
             "--tp", "8", "--pp", "16", "--micro-batch", "1", "--recompute", "full", "--zero", "1"]
-    code, out = _run(args)
+    code, out = _run([*args, "--pipeline-split", "even"])
     assert code == 2 and "field 'pp'" in out and "pipeline_split='uneven'" in out
-    code, out = _run([*args, "--pipeline-split", "uneven", "--json"])
+    code, out = _run([*args, "--json"])
     assert code == 0 and json.loads(out)["plan"]["pp"] == 16 and json.loads(out)["feasible"]
+    assert json.loads(out)["stage_layers"] == [7] + [8] * 14 + [7]
 
 
 def test_cli_plan_searches_uneven_pipelines():
@@ -235,5 +236,5 @@ def test_fastest_plan_finds_the_full_search_best_with_uneven_stages(layers, gpus
     fast = fastest_plan(job, H100, gpus, estimator=Estimator())
     assert full.best is not None and fast is not None
     assert fast.plan == full.best.plan and fast.iteration_s == full.best.iteration_s
-    even = search_plans(TrainingJob(job.model, batch), H100, gpus, estimator=Estimator())
+    even = search_plans(TrainingJob(job.model, batch, pipeline_split="even"), H100, gpus, estimator=Estimator())
     assert full.considered > even.considered  # pp that do not divide the layers are searched too

@@ -65,7 +65,8 @@ KvHeads = Annotated[int | None, typer.Option("--kv-heads", min=1,
 FfnTypeOpt = Annotated[FfnType | None, typer.Option("--ffn-type", help="Custom model: FFN kind (default gelu).")]
 Untied = Annotated[bool, typer.Option("--untied-embeddings", help="Custom model: separate LM-head weights.")]
 SplitOpt = Annotated[PipelineSplit, typer.Option(
-    "--pipeline-split", help="even: layers must divide by pp; uneven: any layers, first/last stages get fewer.")]
+    "--pipeline-split", help="uneven (default): any layers ≥ pp, first/last stages get fewer when pp does not divide them; "
+                            "even: layers must divide by pp.")]
 MicroBatch = Annotated[int | None, typer.Option("--micro-batch", min=1, help="Micro-batch (searched if omitted).")]
 Tp = Annotated[int | None, typer.Option("--tp", min=1, help="Tensor-parallel size.")]
 Pp = Annotated[int | None, typer.Option("--pp", min=1, help="Pipeline-parallel size.")]
@@ -104,7 +105,7 @@ def shape_options(ffn_hidden: int | None, kv_heads: int | None, ffn_type: FfnTyp
 def _command_inputs(model: Any, layers: Any, hidden: Any, heads: Any, seq: Any, vocab: Any, options: dict[str, Any],
                     gpu_type: str, gpus_per_node: int, nic_gbps: Any, global_batch: int, precision: Precision,
                     no_flash: bool, grad_bytes: int, activation_bytes: int, dp_minipods: int, pp_minipods: int,
-                    knobs: Choices, split: PipelineSplit = PipelineSplit.even) -> tuple[Any, Any, Any, Choices]:
+                    knobs: Choices, split: PipelineSplit = PipelineSplit.uneven) -> tuple[Any, Any, Any, Choices]:
     """What `estimate` and `plan` share: the job, hardware, group spread and pinned knobs."""
     spec = build_model(model, {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq, "vocab": vocab},
                        options)
@@ -145,7 +146,7 @@ def build_model(model: str | None, shape: dict[str, int | None], options: dict[s
 
 def build_inputs(gpu_type: str, gpus_per_node: int, nic_gbps: float | None, model: Any, global_batch: int,
                  precision: Precision, no_flash: bool, grad_bytes: int = 2, activation_bytes: int = 2,
-                 split: PipelineSplit = PipelineSplit.even) -> tuple[Any, Any]:
+                 split: PipelineSplit = PipelineSplit.uneven) -> tuple[Any, Any]:
     from loom.perf.inputs import Hardware, TrainingJob
 
     hardware = Hardware(gpu_type, gpus_per_node=gpus_per_node, nic_gbps=nic_gbps)
@@ -229,7 +230,8 @@ def _print_estimate(job: Any, hardware: Any, estimate: Any, searched: list[str])
     rows = [("plan", plan.describe()), ("dp · tp · pp", f"{plan.dp} · {plan.tp} · {plan.pp}{mark('dp', 'tp', 'pp')}"),
             ("micro-batch", f"{plan.micro_batch}{mark('micro_batch')}"),
             ("virtual stages", f"{plan.virtual_stages}{mark('vpp')}"), ("ZeRO stage", f"{plan.zero_stage}{mark('zero')}"),
-            ("recompute", f"{plan.recompute}{mark('recompute')}")]
+            ("recompute", f"{plan.recompute}{mark('recompute')}"),
+            ("layers per stage", _describe_split(_stage_layers(job, plan)))]
     rows += list(zip(("iteration s", "tokens/s", "TFLOP/s per GPU (model)", "MFU", "memory GiB/GPU"), _fmt_row(estimate)))
     rows += [("hardware TFLOP/s per GPU", f"{estimate.hardware_tflops_per_gpu:,.1f}"),
              ("feasible", "yes" if estimate.feasible else f"no: {estimate.reason}")]
@@ -242,6 +244,24 @@ def _print_estimate(job: Any, hardware: Any, estimate: Any, searched: list[str])
     console.print(breakdown)
 
 
+def _stage_layers(job: Any, plan: Any) -> tuple[int, ...]:
+    """Layers on each pipeline stage, first to last (`loom.perf.stages.split_layers`)."""
+    from loom.perf.stages import split_layers
+
+    return split_layers(job.model.layers, plan.pp)
+
+
+def _describe_split(counts: tuple[int, ...]) -> str:
+    """'7, 8×14, 7': runs of equal stages compressed, so 126 layers on 16 stages read at a glance."""
+    runs: list[list[int]] = []
+    for n in counts:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return ", ".join(f"{n}×{c}" if c > 1 else str(n) for n, c in runs)
+
+
 def _fail(reason: str) -> None:
     err_console.print(f"[bold red]infeasible:[/] {reason}", highlight=False, soft_wrap=True)
     raise typer.Exit(1)
@@ -252,7 +272,7 @@ def estimate(
     gpu_type: GpuType, gpus: Gpus, global_batch: GlobalBatch, model: Model = None, layers: Layers = None,
     hidden: Hidden = None, heads: Heads = None, seq: Seq = None, vocab: Vocab = None, ffn_hidden: FfnHidden = None,
     kv_heads: KvHeads = None, ffn_type: FfnTypeOpt = None, untied_embeddings: Untied = False,
-    pipeline_split: SplitOpt = PipelineSplit.even,
+    pipeline_split: SplitOpt = PipelineSplit.uneven,
     micro_batch: MicroBatch = None, tp: Tp = None, pp: Pp = None, dp: Dp = None, vpp: Vpp = None, zero: Zero = None,
     recompute: RecomputeOpt = None, plan: PlanOpt = None, gpus_per_node: GpusPerNode = 8, nic_gbps: NicGbps = None,
     precision: PrecisionOpt = Precision.bf16, no_flash_attention: NoFlash = False, as_json: AsJson = False,
@@ -270,6 +290,8 @@ def estimate(
     best, reason, searched = resolve(job, hardware, gpus, knobs, plan is PlanMode.auto, placement)
     if as_json:
         out = best.as_dict() if best is not None else {"feasible": False, "reason": reason}
+        if best is not None:
+            out["stage_layers"] = list(_stage_layers(job, best.plan))
         typer.echo(json.dumps({**out, "searched": searched}, indent=2))
         if best is None or not best.feasible:
             raise typer.Exit(1)
@@ -363,7 +385,7 @@ def plan(
     gpu_type: GpuType, gpus: Gpus, global_batch: GlobalBatch, model: Model = None, layers: Layers = None,
     hidden: Hidden = None, heads: Heads = None, seq: Seq = None, vocab: Vocab = None, ffn_hidden: FfnHidden = None,
     kv_heads: KvHeads = None, ffn_type: FfnTypeOpt = None, untied_embeddings: Untied = False,
-    pipeline_split: SplitOpt = PipelineSplit.even,
+    pipeline_split: SplitOpt = PipelineSplit.uneven,
     micro_batch: MicroBatch = None, tp: Tp = None, pp: Pp = None, dp: Dp = None, vpp: Vpp = None, zero: Zero = None,
     recompute: RecomputeOpt = None, top: Top = 10, gpus_per_node: GpusPerNode = 8, nic_gbps: NicGbps = None,
     precision: PrecisionOpt = Precision.bf16, no_flash_attention: NoFlash = False, as_json: AsJson = False,

@@ -41,9 +41,10 @@ class TrainingJob:
     overlap_dp: bool = True  # DP gradient sync overlaps the last backward pass
     fused_kernels: bool = True  # False: eager unfused norms/rotary/activations (e.g. HF Transformers)
     optimizer_offload: bool = False  # optimizer step on the host (DeepSpeed ZeRO-Offload)
-    # "even": layers must divide by pp (Megatron's default); "uneven": any layers ≥ pp,
-    # first and last stages get fewer (`loom.perf.stages.split_layers`)
-    pipeline_split: str = "even"
+    # "uneven" (default): any layers ≥ pp, first and last stages get fewer when pp does not
+    # divide the layers (`loom.perf.stages.split_layers`; Megatron-Core, Llama 3 405B's 7, 8×14, 7);
+    # "even": layers must divide by pp (Megatron-LM's old rule, and loom's before issue 22)
+    pipeline_split: str = "uneven"
 
     def __post_init__(self) -> None:
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch <= 0:
@@ -187,7 +188,7 @@ def check_tp(model: ModelSpec, tp: int) -> None:
         )
 
 
-def check_pipeline(layers: int, pp: int, vpp: int, split: str = "even") -> None:
+def check_pipeline(layers: int, pp: int, vpp: int, split: str = "uneven") -> None:
     """Every stage needs a layer; an even split needs layers divisible by pp; interleaving
     needs equal virtual stages (layers divisible by pp·vpp). Refusals name the nearest plan."""
     if pp > layers:

@@ -6,8 +6,8 @@ stages are grouped (`count`) so that the estimator prices each shape once.
 Split rule (`split_layers`):
 
 - layers divisible by pp: every stage gets layers/pp (Megatron's default and
-  the only split of ``pipeline_split="even"``, today's behaviour);
-- otherwise (``pipeline_split="uneven"``): q = layers // pp on every stage and
+  the only split of ``pipeline_split="even"``, the behaviour before issue 22);
+- otherwise (``pipeline_split="uneven"``, the default): q = layers // pp on every stage and
   the r = layers mod pp extra layers one each on the middle stages, the ones
   nearest the last stage first (they hold the fewest in-flight micro-batches
   under 1F1B, so memory stays balanced). The first stage (embedding) and the
