@@ -9,6 +9,12 @@ each logged decision (type, job, nodes, GPUs, plan, pause), in order; the
 Preempts the old engine logged for failures are not part of the dumps. Floats
 match to a relative 1e-9 (absolute 1e-6). Regenerate only on purpose: a
 change here means the simulator's results changed.
+
+The two arena dumps price jobs with the performance estimator, so they were
+rewritten (same scenarios, same engine) when issue 22's memory model changed
+what fits — sequence parallelism by default, MLP activations scaled to
+ffn_hidden (the arena's MoE presets have f = 8h), the allocator allowance. The
+engine matched 39ddf71's dumps up to that commit's parent.
 """
 
 from __future__ import annotations

@@ -51,12 +51,12 @@ def test_default_kv_heads_is_multi_head_attention_bit_identical():
 
 def test_gqa_shrinks_kv_activations_korthikanti():
     sbh = 128 * 2 * 1024
-    mha = layer_activation_bytes(TrainingJob(small(), 8), 2, 2, "none")
-    gqa = layer_activation_bytes(TrainingJob(small(kv_heads=4), 8), 2, 2, "none")
+    mha = layer_activation_bytes(TrainingJob(small(), 8), 2, 2, "none", sequence_parallel=False)
+    gqa = layer_activation_bytes(TrainingJob(small(kv_heads=4), 8), 2, 2, "none", sequence_parallel=False)
     assert mha == sbh * (10 + 24 / 2)
     assert mha - gqa == pytest.approx(sbh * 4 / 2 * (1 - 4 / 16))  # K and V: 4sbh/t → 4sbh/t · g/a
     # tp = 8 > kv_heads = 4: each rank keeps one K and one V head (replicated)
-    replicated = layer_activation_bytes(TrainingJob(small(kv_heads=4), 8), 2, 8, "none")
+    replicated = layer_activation_bytes(TrainingJob(small(kv_heads=4), 8), 2, 8, "none", sequence_parallel=False)
     assert replicated == pytest.approx(sbh * (10 + 20 / 8) + 4 * 128 * 2 * 64)
 
 

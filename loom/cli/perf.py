@@ -67,6 +67,8 @@ Untied = Annotated[bool, typer.Option("--untied-embeddings", help="Custom model:
 SplitOpt = Annotated[PipelineSplit, typer.Option(
     "--pipeline-split", help="uneven (default): any layers ≥ pp, first/last stages get fewer when pp does not divide them; "
                             "even: layers must divide by pp.")]
+NoSeqPar = Annotated[bool, typer.Option(
+    "--no-sequence-parallel", help="Without sequence parallelism: norm/dropout activations replicated over TP.")]
 MicroBatch = Annotated[int | None, typer.Option("--micro-batch", min=1, help="Micro-batch (searched if omitted).")]
 Tp = Annotated[int | None, typer.Option("--tp", min=1, help="Tensor-parallel size.")]
 Pp = Annotated[int | None, typer.Option("--pp", min=1, help="Pipeline-parallel size.")]
@@ -105,12 +107,13 @@ def shape_options(ffn_hidden: int | None, kv_heads: int | None, ffn_type: FfnTyp
 def _command_inputs(model: Any, layers: Any, hidden: Any, heads: Any, seq: Any, vocab: Any, options: dict[str, Any],
                     gpu_type: str, gpus_per_node: int, nic_gbps: Any, global_batch: int, precision: Precision,
                     no_flash: bool, grad_bytes: int, activation_bytes: int, dp_minipods: int, pp_minipods: int,
-                    knobs: Choices, split: PipelineSplit = PipelineSplit.uneven) -> tuple[Any, Any, Any, Choices]:
+                    knobs: Choices, split: PipelineSplit = PipelineSplit.uneven,
+                    sequence_parallel: bool = True) -> tuple[Any, Any, Any, Choices]:
     """What `estimate` and `plan` share: the job, hardware, group spread and pinned knobs."""
     spec = build_model(model, {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq, "vocab": vocab},
                        options)
     job, hardware = build_inputs(gpu_type, gpus_per_node, nic_gbps, spec, global_batch, precision, no_flash,
-                                 grad_bytes, activation_bytes, split)
+                                 grad_bytes, activation_bytes, split, sequence_parallel)
     return job, hardware, build_placement(dp_minipods, pp_minipods), knobs
 
 
@@ -146,12 +149,13 @@ def build_model(model: str | None, shape: dict[str, int | None], options: dict[s
 
 def build_inputs(gpu_type: str, gpus_per_node: int, nic_gbps: float | None, model: Any, global_batch: int,
                  precision: Precision, no_flash: bool, grad_bytes: int = 2, activation_bytes: int = 2,
-                 split: PipelineSplit = PipelineSplit.uneven) -> tuple[Any, Any]:
+                 split: PipelineSplit = PipelineSplit.uneven, sequence_parallel: bool = True) -> tuple[Any, Any]:
     from loom.perf.inputs import Hardware, TrainingJob
 
     hardware = Hardware(gpu_type, gpus_per_node=gpus_per_node, nic_gbps=nic_gbps)
     job = TrainingJob(model, global_batch, precision=precision.value, flash_attention=not no_flash,
-                      grad_bytes=grad_bytes, activation_bytes=activation_bytes, pipeline_split=split.value)
+                      grad_bytes=grad_bytes, activation_bytes=activation_bytes, pipeline_split=split.value,
+                      sequence_parallel=sequence_parallel)
     return job, hardware
 
 
@@ -272,7 +276,7 @@ def estimate(
     gpu_type: GpuType, gpus: Gpus, global_batch: GlobalBatch, model: Model = None, layers: Layers = None,
     hidden: Hidden = None, heads: Heads = None, seq: Seq = None, vocab: Vocab = None, ffn_hidden: FfnHidden = None,
     kv_heads: KvHeads = None, ffn_type: FfnTypeOpt = None, untied_embeddings: Untied = False,
-    pipeline_split: SplitOpt = PipelineSplit.uneven,
+    pipeline_split: SplitOpt = PipelineSplit.uneven, no_sequence_parallel: NoSeqPar = False,
     micro_batch: MicroBatch = None, tp: Tp = None, pp: Pp = None, dp: Dp = None, vpp: Vpp = None, zero: Zero = None,
     recompute: RecomputeOpt = None, plan: PlanOpt = None, gpus_per_node: GpusPerNode = 8, nic_gbps: NicGbps = None,
     precision: PrecisionOpt = Precision.bf16, no_flash_attention: NoFlash = False, as_json: AsJson = False,
@@ -286,7 +290,7 @@ def estimate(
         model, layers, hidden, heads, seq, vocab, shape_options(ffn_hidden, kv_heads, ffn_type, untied_embeddings),
         gpu_type, gpus_per_node, nic_gbps, global_batch, precision, no_flash_attention, grad_bytes, activation_bytes,
         dp_minipods, pp_minipods, Choices(tp, pp, dp, micro_batch, vpp, zero, recompute.value if recompute else None),
-        pipeline_split)
+        pipeline_split, not no_sequence_parallel)
     best, reason, searched = resolve(job, hardware, gpus, knobs, plan is PlanMode.auto, placement)
     if as_json:
         out = best.as_dict() if best is not None else {"feasible": False, "reason": reason}
@@ -385,7 +389,7 @@ def plan(
     gpu_type: GpuType, gpus: Gpus, global_batch: GlobalBatch, model: Model = None, layers: Layers = None,
     hidden: Hidden = None, heads: Heads = None, seq: Seq = None, vocab: Vocab = None, ffn_hidden: FfnHidden = None,
     kv_heads: KvHeads = None, ffn_type: FfnTypeOpt = None, untied_embeddings: Untied = False,
-    pipeline_split: SplitOpt = PipelineSplit.uneven,
+    pipeline_split: SplitOpt = PipelineSplit.uneven, no_sequence_parallel: NoSeqPar = False,
     micro_batch: MicroBatch = None, tp: Tp = None, pp: Pp = None, dp: Dp = None, vpp: Vpp = None, zero: Zero = None,
     recompute: RecomputeOpt = None, top: Top = 10, gpus_per_node: GpusPerNode = 8, nic_gbps: NicGbps = None,
     precision: PrecisionOpt = Precision.bf16, no_flash_attention: NoFlash = False, as_json: AsJson = False,
@@ -399,7 +403,7 @@ def plan(
         model, layers, hidden, heads, seq, vocab, shape_options(ffn_hidden, kv_heads, ffn_type, untied_embeddings),
         gpu_type, gpus_per_node, nic_gbps, global_batch, precision, no_flash_attention, grad_bytes, activation_bytes,
         dp_minipods, pp_minipods, Choices(tp, pp, dp, micro_batch, vpp, zero, recompute.value if recompute else None),
-        pipeline_split)
+        pipeline_split, not no_sequence_parallel)
     _check_pinned(job, gpus, knobs)
     result = _search(job, hardware, gpus, knobs, top=top, placement=placement)
     if not result.top:

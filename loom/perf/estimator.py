@@ -372,6 +372,9 @@ class Estimator:
         if stage.tp > 1:
             model = job.model
             tokens = mb * model.seq_len
+            # 4 all-reduces per layer (2 forward, 2 backward; +2 re-run forward with full recomputation).
+            # With sequence parallelism each is a reduce-scatter + all-gather instead: on a ring the two move
+            # (n−1)/n·S each, the all-reduce's 2(n−1)/n·S, so it is priced the same (one start-up latency).
             calls = 4 + (2 if recompute == "full" else 0)
             group = GroupShape(size=stage.tp, per_node=min(stage.tp, hw.gpus_per_node))
             tp_s = stage.layers * calls * self.comm.all_reduce(tokens * model.hidden * job.tp_bytes, group, links)

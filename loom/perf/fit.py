@@ -4,7 +4,8 @@ Only two numbers are fitted — the achievable fraction of tensor peak for large
 GEMMs and the fraction of nominal link bandwidth collectives reach — on
 Megatron-LM Table 1 (Narayanan et al. SC'21). Each row's micro-batch and
 interleaving are not published, so each is searched (as Megatron's authors
-tuned them); recomputation is full and attention unfused, as in that paper.
+tuned them); recomputation is full, attention unfused and sequence parallelism
+off, as in that paper.
 The table's TFLOP/s count recomputation with the paper's formula, so
 predictions are converted with the same formula.
 """
@@ -75,7 +76,9 @@ def _run(row: dict[str, str], source: str, line: int) -> MeasuredRun:
             name=f"megatron-{row['params_b']}b", layers=ints["layers"], hidden=ints["hidden"],
             heads=ints["heads"], seq_len=ints["seq_len"], vocab=ints["vocab"],
         )  # fmt: skip
-        job = TrainingJob(model, ints["global_batch"], precision="fp16", flash_attention=False, overlap_dp=False)
+        # 2021 runs: before sequence parallelism (Korthikanti et al. 2022) and FlashAttention
+        job = TrainingJob(model, ints["global_batch"], precision="fp16", flash_attention=False, overlap_dp=False,
+                          sequence_parallel=False)
         Hardware(row["gpu_type"])
     except LoomInputError as exc:
         raise LoomInputError(exc.message, source=source, line=line, field=exc.field) from None

@@ -41,6 +41,10 @@ class TrainingJob:
     overlap_dp: bool = True  # DP gradient sync overlaps the last backward pass
     fused_kernels: bool = True  # False: eager unfused norms/rotary/activations (e.g. HF Transformers)
     optimizer_offload: bool = False  # optimizer step on the host (DeepSpeed ZeRO-Offload)
+    # Sequence parallelism with TP (Korthikanti et al. 2022; Megatron's default since): norms and
+    # dropout run on s/t tokens per rank, so their activations are split over TP too
+    # (`loom.perf.memory`); TP's all-reduce becomes reduce-scatter + all-gather, the same bytes.
+    sequence_parallel: bool = True
     # "uneven" (default): any layers ≥ pp, first and last stages get fewer when pp does not
     # divide the layers (`loom.perf.stages.split_layers`; Megatron-Core, Llama 3 405B's 7, 8×14, 7);
     # "even": layers must divide by pp (Megatron-LM's old rule, and loom's before issue 22)
@@ -55,6 +59,8 @@ class TrainingJob:
             raise LoomInputError(
                 f"must be one of {', '.join(PIPELINE_SPLITS)}, got {self.pipeline_split!r}", field="pipeline_split"
             )
+        if not isinstance(self.sequence_parallel, bool):
+            raise LoomInputError(f"must be true or false, got {self.sequence_parallel!r}", field="sequence_parallel")
         for field in ("grad_bytes", "activation_bytes", "tp_bytes"):
             if getattr(self, field) not in (1, 2, 4):
                 raise LoomInputError(f"must be 1, 2 or 4 bytes, got {getattr(self, field)!r}", field=field)
