@@ -20,7 +20,12 @@ from loom.perf import preset
 from loom.perf.estimator import Estimator
 from loom.perf.fit import load_megatron_table
 from loom.perf.inputs import Hardware, TrainingJob
-from loom.perf.memory import ACTIVATION_FRAGMENTATION, GIB, layer_activation_bytes, stage_memory_bytes
+from loom.perf.memory import (
+    ACTIVATION_FRAGMENTATION,
+    GIB,
+    layer_activation_bytes,
+    stage_memory_bytes,
+)
 from loom.perf.model import ModelSpec
 from loom.perf.search import Choices, search_plans
 
