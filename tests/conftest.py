@@ -81,8 +81,9 @@ LONG_MARKS = ("slow", "slurm", "postgres", "browser")
 
 
 def pytest_collection_modifyitems(config, items):
-    # the long tiers' tests first (in their own order): xdist's workers then end on short tests
-    # instead of one worker finishing a minutes-long test while the other idles
+    # the long tiers' tests first (in their own order), handed out two at a time (pyproject's
+    # --maxschedchunk): xdist's workers then end on short tests instead of one worker finishing
+    # minutes-long tests while the other idles
     items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in LONG_MARKS))
     if settings.get_current_profile_name() != DEEP_PROFILE:
         return
