@@ -31,7 +31,6 @@ import json
 import platform
 import random
 import signal
-import statistics
 import sys
 import tempfile
 import threading
