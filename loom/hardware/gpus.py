@@ -33,11 +33,19 @@ class GpuSpec:
     nic_gbps: float
     source: tuple[str, ...]
     notes: str = ""
+    tflops_fp8: float = 0.0  # dense FP8 tensor TFLOP/s; 0 = no FP8 tensor cores (FP8 runs at the BF16 peak)
+
+    def peak_tflops(self, precision: str) -> float:
+        """Dense tensor peak for a compute precision ("bf16", "fp16", "fp8")."""
+        if precision == "fp8" and self.tflops_fp8 > 0:
+            return self.tflops_fp8
+        return self.tflops_fp16 if precision == "fp16" else self.tflops_bf16
 
 
 _NUMERIC = ("tflops_bf16", "tflops_fp16", "memory_gib", "memory_bw_gbps", "intra_node_gbps", "nic_gbps")
 _REQUIRED = (*_NUMERIC, "source")
-_ALLOWED = frozenset((*_REQUIRED, "notes"))
+_OPTIONAL_NUMERIC = ("tflops_fp8",)  # absent = 0: the GPU has no FP8 tensor cores
+_ALLOWED = frozenset((*_REQUIRED, *_OPTIONAL_NUMERIC, "notes"))
 
 
 def load_gpu_specs(path: str | Path | None = None) -> dict[str, GpuSpec]:
@@ -140,6 +148,13 @@ def _parse_entry(loader: yaml.SafeLoader, name: str, node: yaml.Node, source: st
                 f"must be a positive number, got {v!r}", source=source, line=lines[f], field=f"{name}.{f}"
             )
 
+    for f in _OPTIONAL_NUMERIC:
+        v = values.get(f, 0.0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise LoomInputError(
+                f"must be a number >= 0, got {v!r}", source=source, line=lines[f], field=f"{name}.{f}"
+            )
+
     src = values["source"]
     if not isinstance(src, list) or not src or not all(isinstance(s, str) and s.strip() for s in src):
         raise LoomInputError(
@@ -158,6 +173,7 @@ def _parse_entry(loader: yaml.SafeLoader, name: str, node: yaml.Node, source: st
     return GpuSpec(
         name=name,
         **{f: float(values[f]) for f in _NUMERIC},
+        **{f: float(values.get(f, 0.0)) for f in _OPTIONAL_NUMERIC},
         source=tuple(s.strip() for s in src),
         notes=notes.strip(),
     )

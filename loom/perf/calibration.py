@@ -36,6 +36,10 @@ class Calibration:
     saturate_minipods: int
     memory_reserve_gib: float
 
+    def gemm_fraction(self, gpu_type: str, precision: str) -> float:
+        """Achievable fraction of `gpu_type`'s dense `precision` tensor peak for large GEMMs."""
+        return self.gemm_efficiency
+
     def with_fit(self, gemm_efficiency: float, link_efficiency: float) -> Calibration:
         return replace(self, gemm_efficiency=gemm_efficiency, link_efficiency=link_efficiency)
 

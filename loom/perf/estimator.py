@@ -364,8 +364,8 @@ class Estimator:
         hw, cal = stage.hardware, self.calibration
         spec, links = _hardware_numbers(hw)
         gemm, traffic, backward_share = self._stage_work(job, stage, mb, recompute)
-        peak = spec.tflops_bf16 if job.precision == "bf16" else spec.tflops_fp16
-        compute = gemm / (peak * 1e12 * cal.gemm_efficiency) + traffic / (
+        peak = spec.peak_tflops(job.precision)
+        compute = gemm / (peak * 1e12 * cal.gemm_fraction(spec.name, job.precision)) + traffic / (
             spec.memory_bw_gbps * 1e9 * cal.memory_efficiency
         )
         tp_s = 0.0

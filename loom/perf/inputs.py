@@ -14,7 +14,7 @@ from loom.perf.comm import Links
 from loom.perf.model import ModelSpec
 from loom.perf.presets import preset
 
-PRECISIONS = ("bf16", "fp16")
+PRECISIONS = ("bf16", "fp16", "fp8")  # fp8: FP8 matmuls (GpuSpec.tflops_fp8), the rest in BF16
 PIPELINE_SPLITS = ("even", "uneven")  # see loom.perf.stages
 DEFAULT_BATCH = 256  # a trace job's batch when its trace gives none
 
@@ -121,8 +121,7 @@ class Hardware:
         return Links(intra_node_gbps=intra, nic_gbps=nic / 8.0)
 
     def peak_tflops(self, precision: str) -> float:
-        spec = self.spec
-        return spec.tflops_bf16 if precision == "bf16" else spec.tflops_fp16
+        return self.spec.peak_tflops(precision)
 
 
 @dataclass(frozen=True, slots=True)
