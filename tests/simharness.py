@@ -114,13 +114,13 @@ durations = st.one_of(st.integers(0, 500).map(float), st.integers(1, 500).map(fl
 
 
 @st.composite
-def traces(draw: st.DrawFn, topo: Topology) -> list[JobSpec]:
-    """1-40 jobs: ties in submit times, zero durations, random priorities,
+def traces(draw: st.DrawFn, topo: Topology, max_jobs: int = 40) -> list[JobSpec]:
+    """1-`max_jobs` jobs (drawn up front, not sliced afterwards: drawing is most of a case's cost): ties in submit times, zero durations, random priorities,
     optional GPU-type constraints (including a type the cluster lacks), and
     now and then a request above the job's capacity, which must be rejected.
     On heterogeneous clusters untyped requests between the largest type pool
     and the cluster total are drawn too (they can never be placed)."""
-    n = draw(st.integers(1, 40))
+    n = draw(st.integers(1, max_jobs))
     tie_pool = draw(st.lists(times, min_size=1, max_size=5))
     type_choices = [None, None, *topo.gpu_types, UNKNOWN_TYPE] if draw(st.booleans()) else [None]
     total = topo.total_gpus
@@ -150,10 +150,10 @@ def failure_lists(draw: st.DrawFn, topo: Topology, *, permanent: bool) -> list[N
 
 @st.composite
 def scenarios(draw: st.DrawFn, *, policies: tuple[str, ...] = POLICY_NAMES, failures: bool = True,
-              permanent_failures: bool = False, chaos: bool = True, heterogeneous: bool | None = None
-              ) -> Scenario:
+              permanent_failures: bool = False, chaos: bool = True, heterogeneous: bool | None = None,
+              max_jobs: int = 40) -> Scenario:
     topo = draw(clusters(heterogeneous))
-    specs = draw(traces(topo))
+    specs = draw(traces(topo, max_jobs))
     fails = draw(failure_lists(topo, permanent=permanent_failures)) if failures and draw(st.booleans()) else []
     chaos_seed = draw(st.integers(0, 2**16)) if chaos and draw(st.booleans()) else None
     return Scenario(topo, specs, draw(st.sampled_from(policies)), draw(st.sampled_from(PLACER_NAMES)),

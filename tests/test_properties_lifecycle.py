@@ -32,11 +32,11 @@ HOLDING = (S.STARTING, S.RUNNING)
 
 @st.composite
 def async_cases(draw: st.DrawFn):
-    sc: Scenario = draw(scenarios(permanent_failures=False))
-    classes = list(JobClass)
     # at most 12 jobs (ten thousand cases must fit the slow tier), each of a random class
+    sc: Scenario = draw(scenarios(permanent_failures=False, max_jobs=12))
+    classes = list(JobClass)
     sc.specs = [s.__class__(**{**{f: getattr(s, f) for f in s.__slots__}, "job_class": draw(st.sampled_from(classes))})
-                for s in sc.specs[:12]]
+                for s in sc.specs]
     latency = {c: float(draw(st.sampled_from([0, 0, 1, 7, 30, 120]))) for c in CLASSES if draw(st.booleans())}
     launch = LaunchModel(latency_s=latency, default_s=float(draw(st.sampled_from([0, 5, 60]))),
                          failure_probability=draw(st.sampled_from([0.0, 0.0, 0.1, 0.4])),
