@@ -28,7 +28,7 @@ def test_estimate_json_has_required_keys():
     assert KEYS <= set(out)
     assert out["feasible"] is True and out["reason"] == ""
     assert out["plan"] == {"dp": 4, "tp": 2, "pp": 1, "micro_batch": 2, "vpp": 1, "zero": 1, "zero_shard": 0,
-                           "recompute": "none"}
+                           "recompute": "none", "cp": 1, "ep": 1}
     assert out["searched"] == []
     assert out["iteration_s"] > 0 and 0 < out["mfu"] < 1
 

@@ -9,10 +9,15 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 
 @dataclass(frozen=True, slots=True)
 class ParallelPlan:
-    """dp × tp × pp ranks, micro-batch, interleaving, ZeRO and recomputation.
+    """dp × tp × pp × cp ranks, micro-batch, interleaving, ZeRO, recomputation, experts.
 
     `zero_shard` > 0 shards ZeRO state within groups of that many DP ranks
-    (hierarchical ZeRO, as Acme's InternEvo does); 0 shards over the whole DP group.
+    (hierarchical ZeRO, as Acme's InternEvo does); 0 shards over the whole DP group
+    (dp·cp ranks: context-parallel ranks hold the same weights).
+    `cp` splits each sequence over that many ranks (context parallelism, ring attention);
+    `ep` shards an MoE model's experts over that many of the dp·cp ranks (expert parallelism
+    folded inside data parallelism, as Megatron-Core does: it adds no GPUs). Both default
+    to 1 so every plan written before them means what it did.
     """
 
     dp: int = 1
@@ -23,15 +28,21 @@ class ParallelPlan:
     zero_stage: int = 0
     recompute: str = "none"
     zero_shard: int = 0
+    cp: int = 1
+    ep: int = 1
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
 
     def __str__(self) -> str:
         text = f"dp{self.dp}·tp{self.tp}·pp{self.pp}"
         if self.virtual_stages > 1:
             text += f"·v{self.virtual_stages}"
+        if self.cp > 1:
+            text += f"·cp{self.cp}"
+        if self.ep > 1:
+            text += f"·ep{self.ep}"
         return text
 
     def describe(self) -> str:

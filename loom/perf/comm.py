@@ -60,6 +60,8 @@ class CommModel(Protocol):
 
     def send(self, nbytes: float, group: GroupShape, links: Links) -> float: ...
 
+    def all_to_all(self, nbytes: float, group: GroupShape, links: Links) -> float: ...
+
 
 def minipod_loss(max_loss: float, minipods: int, saturate: int) -> float:
     """Fraction of bandwidth lost when a group spans `minipods` minipods.
@@ -100,6 +102,29 @@ class BusBandwidthComm:
 
     def all_gather(self, nbytes: float, group: GroupShape, links: Links) -> float:
         return self._collective(nbytes, group, links, passes=1)
+
+    def all_to_all(self, nbytes: float, group: GroupShape, links: Links) -> float:
+        """Each of the n ranks holds `nbytes` and sends an equal 1/n share to every other rank
+        (MoE token dispatch and combine). Unlike a ring collective nothing is aggregated inside a
+        node first: of the (n − 1)/n · S leaving a rank, (k − 1)/n · S go over NVLink to the k − 1
+        peers in its node and (n − k)/n · S over its own NIC share to the other nodes. The two
+        run at once, so the slower sets the time, plus one start-up latency per phase used."""
+        n = group.size
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        cal = self.cal
+        k = min(n, group.per_node)
+        intra = 0.0
+        if k > 1:
+            bw = links.intra_node_gbps * GB * cal.link_efficiency * nbytes / (nbytes + self._intra_half)
+            intra = (k - 1) / n * nbytes / bw
+        if k >= n:
+            return self._intra_latency + intra
+        loss = minipod_loss(cal.minipod_loss_collective, group.minipods, cal.saturate_minipods)
+        bw = links.nic_gbps * GB * cal.link_efficiency * nbytes / (nbytes + self._inter_half)
+        bw *= (1.0 - loss) / group.oversubscription
+        inter = (n - k) / n * nbytes / bw
+        return self._inter_latency + max(intra, inter)
 
     def send(self, nbytes: float, group: GroupShape, links: Links) -> float:
         """Point-to-point transfer of `nbytes` between two ranks of `group`.

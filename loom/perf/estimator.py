@@ -12,6 +12,11 @@ pass when the framework does so, then the optimizer step.
 Stages are explicit (`StageSpec`), so unequal stages (Crius) and stages on
 different GPU types run through the same code: the job runs at the pace of its
 slowest stage.
+
+Context parallelism (`loom.perf.context`) divides a rank's tokens by cp and adds
+ring attention's exposed K/V exchange; expert parallelism (`loom.perf.moe`)
+shards experts and adds the all-to-all; DP and ZeRO collectives, with ZeRO-3's
+prefetch, are `loom.perf.sync`'s.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from loom.core.plan import ParallelPlan
 from loom.hardware.gpus import GpuSpec
 from loom.perf.calibration import Calibration, load_calibration
 from loom.perf.comm import BusBandwidthComm, CommModel, GroupShape, Links
+from loom.perf.context import ring_attention_s
 from loom.perf.flops import CNN_SPATIAL_REUSE, flops_per_iteration
 from loom.perf.inputs import (
     PACKED,
@@ -37,10 +43,18 @@ from loom.perf.memory import (
     GIB,
     layer_activation_bytes,
     stage_memory_bytes,
+    zero_shards,
 )
 from loom.perf.model import ModelSpec
+from loom.perf.moe import (
+    all_to_all_s,
+    expert_dp_shape,
+    expert_params_per_layer,
+    padding_weights_per_layer,
+)
 from loom.perf.plan_cache import PlanCache, default_plan_cache
 from loom.perf.stages import StageSpec, uniform_stages
+from loom.perf.sync import dp_sync, zero3_exposed
 
 OPTIMIZER_BYTES_PER_PARAM = 28.0  # Adam step: read fp32 master/m/v + grad, write them + bf16 weights
 # Eager (unfused) transformer layers move ~2.5x the bytes of fused ones: counting
@@ -128,6 +142,8 @@ class Estimate:
                 "zero": self.plan.zero_stage,
                 "zero_shard": self.plan.zero_shard,
                 "recompute": self.plan.recompute,
+                "cp": self.plan.cp,
+                "ep": self.plan.ep,
             },
             "breakdown_s": dict(self.breakdown),
         }
@@ -138,6 +154,8 @@ class _StageTime:
     micro_batch_s: float  # one micro-batch, forward + backward (+ recompute), incl. exposed comm
     compute_s: float
     tp_s: float
+    cp_s: float  # exposed ring attention
+    ep_s: float  # expert all-to-all
     p2p_s: float
     backward_s: float
     dp_s: float  # gradient sync after the last micro-batch (before overlap)
@@ -155,14 +173,21 @@ class _Timing:
     iteration: float
 
 
+# A stage's micro-batch work: (compute, its backward share, TP + CP + EP collectives, TP, CP, EP)
+_Work = tuple[float, float, float, float, float, float]
+# A stage's sync: (parameters per GPU, gradient sync, ZeRO-3 forward gathers, optimizer step,
+# ZeRO-3 backward gathers + reduce-scatters, expert parameters per GPU among the first)
+_Sync = tuple[float, float, float, float, float, float]
+
+
 @dataclass(slots=True)
 class _StageMemo:
     """Stage quantities shared by the plans of one job and placement."""
 
     stage_ids: dict[StageSpec, int] = field(default_factory=dict)  # the keys below name stages by id
-    compute: dict[tuple[int, int, str], tuple[float, float, float]] = field(default_factory=dict)
+    compute: dict[tuple[int, int, str], _Work] = field(default_factory=dict)
     send: dict[tuple[int, int], float] = field(default_factory=dict)
-    sync: dict[tuple[int, int, int], tuple[float, float, float, float]] = field(default_factory=dict)
+    sync: dict[tuple[int, int, int], _Sync] = field(default_factory=dict)
     embedding: dict[tuple[int, Hardware], float] = field(default_factory=dict)
 
     def clear(self) -> None:
@@ -222,7 +247,7 @@ class Estimator:
         searches to skip plans that cannot beat the best one priced so far.
 
         It is `_timing` without pipeline sends, embedding sync and all but the first
-        stage's DP tail. Each stage's micro-batch is compute + TP collectives + exposed
+        stage's DP tail. Each stage's micro-batch is compute + TP/CP/EP collectives + exposed
         ZeRO-3 gathers (sends ≥ 0 left out); the pipeline formula only grows with any
         stage's micro-batch time (m·max + (Σ count·t − max)/v, m, v ≥ 1); the tail is
         the largest stage's, ≥ the first stage's, whose overlap window (its own last
@@ -257,7 +282,7 @@ class Estimator:
                 if (sync := memo.sync.get(key := (sid, plan.zero_stage, plan.zero_shard))) is None:
                     sync = memo.sync[key] = self._stage_sync(job, stage, plan.zero_stage, plan.zero_shard, placement)
                 compute = work[0]
-                micro_batch_s = compute + work[2] + max(0.0, sync[2] - compute)
+                micro_batch_s = compute + work[2] + zero3_exposed(compute, work[1], sync[2], sync[4])
                 slowest = max(slowest, micro_batch_s)
                 total += micro_batch_s * stage.count
                 if tail < 0:  # the first stage: rank 0
@@ -271,9 +296,9 @@ class Estimator:
         memo = self._memo(job, placement)
         rank = 0
         for stage in uniform_stages(job, hardware, plan):  # uniform stages: the plan is each stage's plan
-            params = self._stage_parts(job, stage, plan, micro_batches, placement, memo)[3][0]
+            sync = self._stage_parts(job, stage, plan, micro_batches, placement, memo)[3]
             usable = _hardware_numbers(stage.hardware)[0].memory_gib - self.calibration.memory_reserve_gib
-            if stage_memory_bytes(job, plan, params, stage.layers, rank, stage.last) / GIB > usable:
+            if stage_memory_bytes(job, plan, sync[0], stage.layers, rank, stage.last, sync[5]) / GIB > usable:
                 return False
             rank += stage.count
         return True
@@ -281,7 +306,7 @@ class Estimator:
     def _stage_parts(
         self, job: TrainingJob, stage: StageSpec, plan: ParallelPlan, micro_batches: int, placement: Placement,
         memo: _StageMemo,
-    ) -> tuple[float, float, float, tuple[float, float, float, float]]:
+    ) -> tuple[float, float, float, _Sync]:
         """(compute, backward, TP collectives, `_stage_sync`) of a stage, from the memo."""
         mb = job.global_batch // (micro_batches * stage.dp)
         sid = memo.stage_ids.setdefault(stage, len(memo.stage_ids))
@@ -328,7 +353,7 @@ class Estimator:
         key = (sid, mb, plan.recompute)
         if (work := memo.compute.get(key)) is None:
             work = memo.compute[key] = self._stage_compute(job, stage, mb, plan.recompute)
-        compute, backward, tp_s = work
+        compute, backward, comm_s, tp_s, cp_s, ep_s = work
         p2p_s = 0.0
         pp = plan.pp
         if pp > 1:
@@ -337,54 +362,58 @@ class Estimator:
             p2p_s = 2 * plan.virtual_stages * send
         if (sync := memo.sync.get(key := (sid, plan.zero_stage, plan.zero_shard))) is None:
             sync = memo.sync[key] = self._stage_sync(job, stage, plan.zero_stage, plan.zero_shard, placement)
-        params, dp_s, zero3_s, optimizer_s = sync
+        params, dp_s, zero3_fwd, optimizer_s, zero3_bwd, expert_params = sync
         # 1F1B drains from the last stage: stage r finishes its last backward r
         # backward slots before the first stage, so its gradient sync starts
         # that much earlier (and overlaps its own last backward pass if allowed).
         window = rank * (backward + p2p_s / 2) + (backward if job.overlap_dp else 0.0)
         dp_s = max(0.0, dp_s - window)
-        zero3_exposed = max(0.0, zero3_s - compute)
-        micro_batch_s = compute + tp_s + p2p_s + zero3_exposed
+        micro_batch_s = compute + comm_s + p2p_s + zero3_exposed(compute, backward, zero3_fwd, zero3_bwd)
         stage_plan = plan
-        if (stage.dp, stage.tp, mb) != (plan.dp, plan.tp, plan.micro_batch):  # unequal stages
+        if (stage.dp, stage.tp, mb, stage.cp, stage.ep) != (plan.dp, plan.tp, plan.micro_batch, plan.cp, plan.ep):
             stage_plan = ParallelPlan(
                 dp=stage.dp, tp=stage.tp, pp=pp, micro_batch=mb, virtual_stages=plan.virtual_stages,
-                zero_stage=plan.zero_stage, recompute=plan.recompute, zero_shard=plan.zero_shard,
-            )  # fmt: skip
-        memory = stage_memory_bytes(job, stage_plan, params, stage.layers, rank, stage.last)
-        return _StageTime(micro_batch_s, compute, tp_s, p2p_s, backward, dp_s, optimizer_s, memory)
+                zero_stage=plan.zero_stage, recompute=plan.recompute, zero_shard=plan.zero_shard, cp=stage.cp,
+                ep=stage.ep,
+            )  # fmt: skip  (unequal stages)
+        memory = stage_memory_bytes(job, stage_plan, params, stage.layers, rank, stage.last, expert_params)
+        return _StageTime(micro_batch_s, compute, tp_s, cp_s, ep_s, p2p_s, backward, dp_s, optimizer_s, memory)
 
     # The parts of a stage's time below depend on a few of the plan's knobs
     # only, so they are memoised (per job and placement, see `_StageMemo`)
     # and shared across the plans a search prices.
     def _stage_compute(
         self, job: TrainingJob, stage: StageSpec, mb: int, recompute: str
-    ) -> tuple[float, float, float]:
-        """(compute, backward share of it, exposed TP collectives) for one micro-batch."""
+    ) -> _Work:
+        """(compute, backward share of it, exposed collectives, of which TP, CP ring, EP all-to-all)
+        for one micro-batch."""
         hw, cal = stage.hardware, self.calibration
         spec, links = _hardware_numbers(hw)
         gemm, traffic, backward_share = self._stage_work(job, stage, mb, recompute)
-        peak = spec.peak_tflops(job.precision)
-        compute = gemm / (peak * 1e12 * cal.gemm_fraction(spec.name, job.precision)) + traffic / (
-            spec.memory_bw_gbps * 1e9 * cal.memory_efficiency
-        )
-        tp_s = 0.0
+        flop_s = spec.peak_tflops(job.precision) * 1e12 * cal.gemm_fraction(spec.name, job.precision)
+        compute = gemm / flop_s + traffic / (spec.memory_bw_gbps * 1e9 * cal.memory_efficiency)
+        tp_s = cp_s = ep_s = 0.0
+        if stage.cp > 1:  # this rank's forward attention core of one layer: s/cp queries × s keys
+            attention = 4.0 * mb * job.model.seq_len**2 * job.model.hidden / (stage.tp * stage.cp)
+            cp_s = ring_attention_s(self.comm, links, job, stage, mb, recompute, attention / flop_s)
+        if stage.ep > 1:
+            ep_s = all_to_all_s(self.comm, links, job, stage, mb, recompute)
         if stage.tp > 1:
             model = job.model
-            tokens = mb * model.seq_len
+            tokens = mb * model.seq_len / stage.cp if stage.cp > 1 else mb * model.seq_len
             # 4 all-reduces per layer (2 forward, 2 backward; +2 re-run forward with full recomputation).
             # With sequence parallelism each is a reduce-scatter + all-gather instead: on a ring the two move
             # (n−1)/n·S each, the all-reduce's 2(n−1)/n·S, so it is priced the same (one start-up latency).
             calls = 4 + (2 if recompute == "full" else 0)
             group = GroupShape(size=stage.tp, per_node=min(stage.tp, hw.gpus_per_node))
             tp_s = stage.layers * calls * self.comm.all_reduce(tokens * model.hidden * job.tp_bytes, group, links)
-        return compute, compute * backward_share, tp_s
+        return compute, compute * backward_share, tp_s + cp_s + ep_s, tp_s, cp_s, ep_s
 
     def _stage_send(self, job: TrainingJob, stage: StageSpec, mb: int, placement: Placement) -> float:
         """One activation send between pipeline stages."""
         model = job.model
-        tokens = mb * model.seq_len
-        same_node = stage.tp * stage.dp < stage.hardware.gpus_per_node
+        tokens = mb * model.seq_len / stage.cp if stage.cp > 1 else mb * model.seq_len
+        same_node = stage.gpus < stage.hardware.gpus_per_node
         group = GroupShape(
             size=2,
             per_node=2 if same_node else 1,
@@ -396,13 +425,31 @@ class Estimator:
 
     def _stage_sync(
         self, job: TrainingJob, stage: StageSpec, zero_stage: int, zero_shard: int, placement: Placement
-    ) -> tuple[float, float, float, float]:
-        """(parameters per GPU, gradient sync before overlap, ZeRO-3 gathers per
-        micro-batch, optimizer step)."""
+    ) -> _Sync:
+        """(parameters per GPU, gradient sync before overlap, ZeRO-3 forward gathers per
+        micro-batch, optimizer step, ZeRO-3 backward gathers and reduce-scatters, expert
+        parameters per GPU): dense weights synced over dp·cp, experts over dp·cp/ep."""
         cal = self.calibration
-        params = self._stage_params(job, stage) / stage.tp
-        dp_s, zero3_s = self._dp_sync(job, stage, zero_stage, zero_shard, placement, params)
-        updated = params / (zero_shard or stage.dp) if zero_stage >= 1 else params
+        params = dense = self._stage_params(job, stage) / stage.tp
+        links = _hardware_numbers(stage.hardware)[1]
+        ranks = stage.dp * stage.cp
+        per_node = max(1, min(ranks, stage.hardware.gpus_per_node // stage.tp))
+        experts = 0.0
+        if stage.ep > 1:  # experts / ep on this rank (`loom.perf.moe`)
+            all_experts = stage.layers * expert_params_per_layer(job.model) / stage.tp
+            experts = all_experts / stage.ep
+            dense = params - all_experts
+            params = dense + experts
+        shard, expert_shard = zero_shards(ParallelPlan(dp=stage.dp, cp=stage.cp, ep=stage.ep, zero_shard=zero_shard))
+        dp_s, zero3_fwd, zero3_bwd = dp_sync(self.comm, links, job, placement, dense, zero_stage, zero_shard, ranks,
+                                             per_node, stage.layers)
+        updated = dense / shard if zero_stage >= 1 else dense
+        if experts:
+            expert_ranks, expert_per_node = expert_dp_shape(stage)
+            sync = dp_sync(self.comm, links, job, placement, experts, zero_stage, expert_shard if zero_shard else 0,
+                           expert_ranks, expert_per_node, stage.layers)
+            dp_s, zero3_fwd, zero3_bwd = dp_s + sync[0], zero3_fwd + sync[1], zero3_bwd + sync[2]
+            updated += experts / expert_shard if zero_stage >= 1 else experts
         if job.optimizer_offload:  # fp32 grads down, bf16 weights up, Adam on the host
             optimizer_s = updated * (
                 OPTIMIZER_BYTES_PER_PARAM / (HOST_MEMORY_GBPS_PER_GPU * 1e9) + 6.0 / (PCIE_GBPS * 1e9)
@@ -410,7 +457,7 @@ class Estimator:
         else:
             spec = _hardware_numbers(stage.hardware)[0]
             optimizer_s = OPTIMIZER_BYTES_PER_PARAM * updated / (spec.memory_bw_gbps * 1e9 * cal.memory_efficiency)
-        return params, dp_s, zero3_s, optimizer_s
+        return params, dp_s, zero3_fwd, optimizer_s, zero3_bwd, experts
 
     def _stage_work(self, job: TrainingJob, stage: StageSpec, mb: int, recompute: str) -> tuple[float, float, float]:
         """GEMM FLOPs and memory traffic per GPU for one micro-batch, and the
@@ -423,9 +470,11 @@ class Estimator:
         tp, layers = stage.tp, stage.layers
         tokens = mb * model.seq_len
         weights_per_layer = _model_numbers(model).weights_per_layer
+        if model.is_moe and job.capacity_factor != 1.0:  # padded expert buffers (`loom.perf.moe`)
+            weights_per_layer += padding_weights_per_layer(job)
         attention = 4.0 * mb * model.seq_len**2 * model.hidden
         fwd_layer = 2.0 * tokens * weights_per_layer + attention
-        traffic_layer = 2.0 * layer_activation_bytes(job, mb, tp, "none")
+        traffic_layer = 2.0 * layer_activation_bytes(job, mb, tp, "none")  # the whole sequence: / cp below
         if not job.fused_kernels:
             traffic_layer *= UNFUSED_TRAFFIC_FACTOR
         forward = layers * fwd_layer / tp
@@ -442,6 +491,8 @@ class Estimator:
             traffic += fwd_traffic
         elif recompute == "selective":
             gemm += layers * attention / tp
+        if stage.cp > 1:  # every term is linear in this rank's s/cp tokens (attention: s/cp queries × s keys)
+            return gemm / stage.cp, traffic / stage.cp, (gemm - forward) / gemm
         return gemm, traffic, (gemm - forward) / gemm
 
     def _stage_params(self, job: TrainingJob, stage: StageSpec) -> float:
@@ -460,42 +511,6 @@ class Estimator:
             if not model.tied_embeddings:
                 params += model.vocab * model.hidden
         return params
-
-    def _dp_sync(
-        self, job: TrainingJob, stage: StageSpec, zero_stage: int, zero_shard: int, placement: Placement, params: float
-    ) -> tuple[float, float]:
-        """(gradient sync after the last micro-batch, ZeRO-3 gathers per micro-batch)."""
-        dp = stage.dp
-        if dp <= 1:
-            return 0.0, 0.0
-        links = _hardware_numbers(stage.hardware)[1]
-        per_node = max(1, min(dp, stage.hardware.gpus_per_node // stage.tp))
-        whole = GroupShape(
-            size=dp, per_node=per_node, minipods=placement.dp_minipods, oversubscription=placement.dp_oversubscription
-        )
-        grads = params * job.grad_bytes
-        weights = params * 2.0
-        shard = zero_shard or dp
-        comm = self.comm
-        if zero_stage <= 1 and shard == dp:
-            return comm.all_reduce(grads, whole, links), 0.0
-        inner = GroupShape(size=shard, per_node=min(shard, per_node))
-        across = GroupShape(
-            size=dp // shard,
-            per_node=max(1, per_node // shard),
-            minipods=placement.dp_minipods,
-            oversubscription=placement.dp_oversubscription,
-        )
-        across_sync = comm.all_reduce(grads / shard, across, links)  # the shard across shard groups
-        if zero_stage <= 2:  # reduce-scatter grads, all-gather updated weights in the shard group
-            return comm.reduce_scatter(grads, inner, links) + across_sync + comm.all_gather(weights, inner, links), 0.0
-        # ZeRO-3 gathers each layer's weights for forward and backward and
-        # reduce-scatters its gradients every micro-batch.
-        layers = max(1, stage.layers)
-        per_layer = (
-            2.0 * comm.all_gather(weights / layers, inner, links) + comm.reduce_scatter(grads / layers, inner, links)
-        )
-        return across_sync, layers * per_layer
 
     def _embedding_sync(
         self, job: TrainingJob, stages: tuple[StageSpec, ...], plan: ParallelPlan, placement: Placement, memo: _StageMemo
@@ -519,7 +534,7 @@ class Estimator:
     def _result(self, job: TrainingJob, stages: tuple[StageSpec, ...], plan: ParallelPlan, timing: _Timing) -> Estimate:
         times, micro_batches, slowest, pipeline = timing.times, timing.micro_batches, timing.slowest, timing.pipeline
         embedding_sync, iteration = timing.embedding_sync, timing.iteration
-        gpus = sum(s.dp * s.tp * s.count for s in stages)
+        gpus = sum(s.gpus * s.count for s in stages)
         model_flops = _iteration_flops(job.model, job.global_batch, "none")
         hw_flops = _iteration_flops(job.model, job.global_batch, plan.recompute)
         tflops = model_flops / iteration / gpus / 1e12
@@ -533,6 +548,8 @@ class Estimator:
             ("dp_exposed", max(t.dp_s for _, t in times) + embedding_sync),
             ("optimizer", max(t.optimizer_s for _, t in times)),
         )
+        if plan.cp > 1 or plan.ep > 1:  # dense plans keep their six causes
+            breakdown += (("cp_comm", micro_batches * worst.cp_s), ("ep_comm", micro_batches * worst.ep_s))
         memory, reason = self._fit(times)
         feasible = not reason
         gpu_types = sorted({s.hardware.gpu_type for s in stages})

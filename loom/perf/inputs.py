@@ -49,6 +49,11 @@ class TrainingJob:
     # divide the layers (`loom.perf.stages.split_layers`; Megatron-Core, Llama 3 405B's 7, 8×14, 7);
     # "even": layers must divide by pp (Megatron-LM's old rule, and loom's before issue 22)
     pipeline_split: str = "uneven"
+    # MoE: expert capacity as a multiple of the balanced share (Switch/GShard's capacity factor).
+    # 1.0 = dropless and balanced: every expert computes exactly its top_k share of the tokens;
+    # c > 1 pads each expert's buffer to c × that share, so expert GEMMs and the all-to-all
+    # carry c × the tokens (`loom.perf.moe`). Ignored for dense models.
+    capacity_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch <= 0:
@@ -61,6 +66,11 @@ class TrainingJob:
             )
         if not isinstance(self.sequence_parallel, bool):
             raise LoomInputError(f"must be true or false, got {self.sequence_parallel!r}", field="sequence_parallel")
+        cf = self.capacity_factor
+        if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not 1.0 <= cf <= 16.0:
+            raise LoomInputError(
+                f"must be a number from 1 (dropless, balanced) to 16, got {cf!r}", field="capacity_factor"
+            )
         for field in ("grad_bytes", "activation_bytes", "tp_bytes"):
             if getattr(self, field) not in (1, 2, 4):
                 raise LoomInputError(f"must be 1, 2 or 4 bytes, got {getattr(self, field)!r}", field=field)
@@ -151,20 +161,22 @@ PACKED = Placement()
 def check_plan(job: TrainingJob, plan: ParallelPlan, gpus: int | None = None) -> None:
     """Raise `PlanError` naming the field when `plan` cannot run `job`."""
     model = job.model
-    for field in ("dp", "tp", "pp", "micro_batch", "virtual_stages"):
+    for field in ("dp", "tp", "pp", "micro_batch", "virtual_stages", "cp", "ep"):
         value = getattr(plan, field)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise PlanError(f"must be a positive integer, got {value!r}", field=field)
     if gpus is not None and plan.world_size != gpus:
-        raise PlanError(f"dp·tp·pp = {plan.world_size} but the job has {gpus} GPUs", field="dp")
+        raise PlanError(f"dp·tp·pp·cp = {plan.world_size} but the job has {gpus} GPUs", field="dp")
     if plan.zero_stage not in (0, 1, 2, 3):
         raise PlanError(f"must be 0, 1, 2 or 3, got {plan.zero_stage!r}", field="zero")
     if plan.recompute not in RECOMPUTE_MODES:
         raise PlanError(f"must be one of {', '.join(RECOMPUTE_MODES)}, got {plan.recompute!r}", field="recompute")
-    if plan.zero_shard < 0 or (plan.zero_shard and plan.dp % plan.zero_shard):
-        raise PlanError(f"zero shard group {plan.zero_shard} must divide dp={plan.dp}", field="zero_shard")
-    if model.kind == "cnn" and (plan.tp > 1 or plan.pp > 1):
-        raise PlanError("cnn models are modelled data-parallel only (tp = pp = 1)", field="tp")
+    if plan.zero_shard < 0 or (plan.zero_shard and (plan.dp * plan.cp) % plan.zero_shard):
+        raise PlanError(f"zero shard group {plan.zero_shard} must divide dp·cp={plan.dp * plan.cp}", field="zero_shard")
+    if model.kind == "cnn" and (plan.tp > 1 or plan.pp > 1 or plan.cp > 1):
+        raise PlanError("cnn models are modelled data-parallel only (tp = pp = cp = 1)", field="tp")
+    check_cp(model, plan.cp)
+    check_ep(model, plan)
     check_tp(model, plan.tp)
     check_pipeline(model.layers, plan.pp, plan.virtual_stages, job.pipeline_split)
     if plan.virtual_stages > 1 and plan.pp == 1:
@@ -177,6 +189,36 @@ def check_plan(job: TrainingJob, plan: ParallelPlan, gpus: int | None = None) ->
         )
     if plan.virtual_stages > 1 and (job.global_batch // per_step) % plan.pp:
         raise PlanError("interleaved schedule needs micro-batches divisible by pp", field="vpp")
+
+
+def check_cp(model: ModelSpec, cp: int) -> None:
+    """Context parallelism splits each sequence into 2·cp chunks (Megatron-Core pairs chunk i
+    with chunk 2·cp−1−i on rank i, so causal attention is balanced): seq_len must divide by 2·cp."""
+    if cp > 1 and model.seq_len % (2 * cp):
+        fits = [c for c in _divisors(model.seq_len // 2) if c > 1] or [1]
+        raise PlanError(
+            f"seq_len ({model.seq_len}) not divisible by 2·cp = {2 * cp} (context parallelism gives each rank "
+            f"two balanced chunks); nearest: {_nearest('cp', cp, [1, *fits])}",
+            field="cp",
+        )
+
+
+def check_ep(model: ModelSpec, plan: ParallelPlan) -> None:
+    """Expert parallelism shards experts over ep of the dp·cp ranks (Megatron-Core folds EP into
+    DP): ep must divide the experts and dp·cp, and needs an MoE model."""
+    ep = plan.ep
+    if ep == 1:
+        return
+    if not model.is_moe:
+        raise PlanError(f"ep={ep} needs an MoE model (experts > 1); nearest: ep=1", field="ep")
+    ranks = plan.dp * plan.cp
+    if model.experts % ep or ranks % ep:
+        fits = [e for e in _divisors(model.experts) if ranks % e == 0]
+        raise PlanError(
+            f"ep={ep} must divide experts ({model.experts}) and dp·cp ({ranks}): expert parallelism shards "
+            f"the experts over data-parallel ranks; nearest: {_nearest('ep', ep, fits)}",
+            field="ep",
+        )
 
 
 def check_tp(model: ModelSpec, tp: int) -> None:

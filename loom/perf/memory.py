@@ -45,6 +45,24 @@ first stage holds min(pp, m); the interleaved schedule multiplies that by
 1 + (pp − 1)/(pp·v). The last rank also holds fp32 logits and their gradient:
 8·s·b·V/t bytes.
 
+Context parallelism (cp ranks per sequence; Megatron-Core): every tensor above
+holds s/cp tokens on a rank, so a layer's activations (and the last rank's
+logits) are divided by cp. Ring attention's K/V chunks in flight are one
+chunk pair per step (2·s/cp·kv_dim·b), small next to the layer and not counted.
+
+Mixture of experts: an MoE layer's MLP tensors are kept for each of the top_k
+experts a token visits, padded by the capacity factor c, so its MLP rows are
+× top_k·c (`mlp_activation_factor`, averaged over the layers as the estimator
+averages MoE and dense layers). Expert parallelism moves tokens, not these.
+
+Model states of MoE models: expert weights are sharded over ep ranks (the
+caller's `expert_params` are already /ep) and their ZeRO state over the
+expert-data-parallel group of dp·cp/ep ranks; the other weights over dp·cp.
+
+ZeRO-3 prefetch: with per-layer gathers, a rank holds the gathered full
+weights of the layer it computes and of the next one (prefetched): 2 layers ×
+2 bytes × the layer's parameters on the rank × (1 − 1/shard), added to the states.
+
 Allocator allowance: activations are allocated and freed every micro-batch in
 many sizes, so PyTorch's caching allocator reserves more than the tensors
 need; `ACTIVATION_FRAGMENTATION` adds that share on top of the activations
@@ -54,6 +72,8 @@ context, NCCL buffers, cuBLAS workspaces — is the calibration's
 """
 
 from __future__ import annotations
+
+import math
 
 from loom.core.plan import ParallelPlan
 from loom.perf.inputs import TrainingJob
@@ -75,32 +95,65 @@ SWIGLU_SBH_PER_F = 6.0
 ACTIVATION_FRAGMENTATION = 0.10
 
 
-def model_state_bytes(params_on_rank: float, plan: ParallelPlan, offload: bool = False) -> float:
+def model_state_bytes(
+    params_on_rank: float, plan: ParallelPlan, offload: bool = False, expert_params: float = 0.0
+) -> float:
     """Weights + gradients + optimizer state of `params_on_rank` parameters
-    (`offload`: the optimizer state lives in host memory)."""
-    shard = plan.zero_shard or plan.dp
-    weights, grads, optim = 2.0 * params_on_rank, 2.0 * params_on_rank, 12.0 * params_on_rank
-    if plan.zero_stage >= 1:
+    (`offload`: the optimizer state lives in host memory). `expert_params` of them
+    (already /ep) are ZeRO-sharded over the expert-data-parallel group (`zero_shards`)."""
+    dense_shard, expert_shard = zero_shards(plan)
+    dense = _sharded_states(params_on_rank - expert_params, plan.zero_stage, dense_shard, offload)
+    if not expert_params:
+        return dense
+    return dense + _sharded_states(expert_params, plan.zero_stage, expert_shard, offload)
+
+
+def zero_shards(plan: ParallelPlan) -> tuple[int, int]:
+    """Ranks ZeRO shards over: (dense weights: `zero_shard` or dp·cp; experts: the dp·cp/ep
+    expert-data-parallel ranks, or with `zero_shard` a group of zero_shard/ep of them).
+    CP ranks hold the same weights, so they shard with DP (Megatron's distributed optimizer)."""
+    shard = plan.zero_shard or plan.dp * plan.cp
+    if plan.ep == 1:
+        return shard, shard
+    expert_ranks = plan.dp * plan.cp // plan.ep
+    return shard, math.gcd(max(1, shard // plan.ep), expert_ranks)
+
+
+def _sharded_states(params: float, zero_stage: int, shard: int, offload: bool) -> float:
+    weights, grads, optim = 2.0 * params, 2.0 * params, 12.0 * params
+    if zero_stage >= 1:
         optim /= shard
-    if plan.zero_stage >= 2:
+    if zero_stage >= 2:
         grads /= shard
-    if plan.zero_stage >= 3:
+    if zero_stage >= 3:
         weights /= shard
     return weights + grads + (0.0 if offload else optim)
 
 
+def mlp_activation_factor(job: TrainingJob) -> float:
+    """MLP activations of the average layer relative to a dense one: MoE layers keep them for
+    top_k experts × the capacity factor. 1.0 for dense models."""
+    m = job.model
+    if not m.is_moe:
+        return 1.0
+    return (m.dense_layers + m.moe_layers * m.top_k * job.capacity_factor) / m.layers
+
+
 def layer_activation_bytes(
-    job: TrainingJob, micro_batch: int, tp: int, recompute: str, sequence_parallel: bool | None = None
+    job: TrainingJob, micro_batch: int, tp: int, recompute: str, sequence_parallel: bool | None = None, cp: int = 1
 ) -> float:
     """Activations one layer keeps for one micro-batch until its backward pass, per GPU
-    (the module's table; `sequence_parallel` None: the job's setting)."""
+    (the module's table; `sequence_parallel` None: the job's setting; `cp`: context-parallel
+    ranks, each holding s/cp tokens)."""
     m = job.model
     sbh = m.seq_len * micro_batch * m.hidden
     sp = (job.sequence_parallel if sequence_parallel is None else sequence_parallel) and tp > 1
     if recompute == "full":
-        return 2.0 * sbh / tp if sp else 2.0 * sbh
-    replicated = REPLICATED_SBH * sbh / tp if sp else REPLICATED_SBH * sbh
-    return replicated + tp_split_bytes(job, micro_batch, tp, recompute)
+        kept = 2.0 * sbh / tp if sp else 2.0 * sbh
+    else:
+        replicated = REPLICATED_SBH * sbh / tp if sp else REPLICATED_SBH * sbh
+        kept = replicated + tp_split_bytes(job, micro_batch, tp, recompute)
+    return kept / cp if cp > 1 else kept
 
 
 def tp_split_bytes(job: TrainingJob, micro_batch: int, tp: int, recompute: str) -> float:
@@ -113,15 +166,15 @@ def tp_split_bytes(job: TrainingJob, micro_batch: int, tp: int, recompute: str) 
         attention = 8.0 * sbh / tp
     else:  # K and V shrink to kv_heads heads, one each per rank when tp > kv_heads (replicated)
         attention = 4.0 * sbh / tp + 4.0 * sb * m.head_dim * max(m.kv_heads / tp, 1.0)
-    stored = attention + mlp / tp
+    stored = attention + mlp * mlp_activation_factor(job) / tp
     if recompute == "none" and not job.flash_attention:
         stored += 5.0 * m.heads * m.seq_len * sb / tp
     return stored
 
 
-def working_layer_bytes(job: TrainingJob, micro_batch: int, tp: int) -> float:
+def working_layer_bytes(job: TrainingJob, micro_batch: int, tp: int, cp: int = 1) -> float:
     """One layer's full activations, rebuilt during recomputation."""
-    return layer_activation_bytes(job, micro_batch, tp, "none")
+    return layer_activation_bytes(job, micro_batch, tp, "none", cp=cp)
 
 
 def in_flight_micro_batches(plan: ParallelPlan, rank: int, micro_batches: int) -> float:
@@ -140,18 +193,32 @@ def stage_memory_bytes(
     layers: int,
     rank: int,
     last: bool,
+    expert_params: float = 0.0,
 ) -> float:
-    """Peak bytes on one GPU of pipeline rank `rank` (0 = first stage)."""
+    """Peak bytes on one GPU of pipeline rank `rank` (0 = first stage); `expert_params` of
+    `params_on_rank` are expert weights (ZeRO-sharded over the expert-data-parallel group)."""
     m = job.model
-    states = model_state_bytes(params_on_rank, plan, job.optimizer_offload)
+    states = model_state_bytes(params_on_rank, plan, job.optimizer_offload, expert_params)
     mb = plan.micro_batch
     if m.kind == "cnn":
         return states + CNN_ACTIVATION_BYTES_PER_PARAM_IMAGE * m.total_params() * mb
+    if plan.zero_stage == 3:
+        states += prefetch_buffer_bytes(plan, params_on_rank, layers)
+    cp = plan.cp
     micro_batches = job.global_batch // (mb * plan.dp)
-    per_layer = layer_activation_bytes(job, mb, plan.tp, plan.recompute)
+    per_layer = layer_activation_bytes(job, mb, plan.tp, plan.recompute, cp=cp)
     activations = in_flight_micro_batches(plan, rank, micro_batches) * layers * per_layer
     if plan.recompute == "full":
-        activations += working_layer_bytes(job, mb, plan.tp)
+        activations += working_layer_bytes(job, mb, plan.tp, cp)
     if last:
-        activations += 8.0 * m.seq_len * mb * m.vocab / plan.tp
+        activations += 8.0 * m.seq_len * mb * m.vocab / plan.tp / cp
     return states + activations * (1.0 + ACTIVATION_FRAGMENTATION)
+
+
+def prefetch_buffer_bytes(plan: ParallelPlan, params_on_rank: float, layers: int) -> float:
+    """ZeRO-3's gathered weights: the layer being computed and the one prefetched (2 bytes each),
+    beyond the 1/shard the rank keeps anyway."""
+    shard = zero_shards(plan)[0]
+    if shard <= 1 or layers <= 0:
+        return 0.0
+    return 2.0 * 2.0 * params_on_rank / layers * (1.0 - 1.0 / shard)

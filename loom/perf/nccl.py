@@ -190,6 +190,10 @@ class MeasuredComm:
     def send(self, nbytes: float, group: GroupShape, links: Links) -> float:
         return self.fallback.send(nbytes, group, links)
 
+    def all_to_all(self, nbytes: float, group: GroupShape, links: Links) -> float:
+        """MoE dispatch/combine: the fallback's formula (no all-to-all tables are read yet)."""
+        return self.fallback.all_to_all(nbytes, group, links)
+
     def _collective(self, op: str, nbytes: float, group: GroupShape, links: Links) -> float:
         fallback = getattr(self.fallback, op)
         k = min(group.per_node, group.size)

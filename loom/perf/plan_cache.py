@@ -8,9 +8,9 @@ answer — the plan, or "none" — is stored in a SQLite file and later runs rea
 instead of searching. The plan is then priced again (`Estimator.estimate`), so a
 cached run returns exactly what a cold one does.
 
-What keys an answer: everything the search reads — the job (model spec, batch,
-precisions, overlap flags), the hardware, GPU count, placement, pinned knobs,
-whether an unfit plan may be returned, the estimator's calibration and
+What keys an answer: everything the search reads — the job (model spec with its
+experts, batch, precisions, overlap flags, capacity factor), the hardware, GPU count, placement,
+pinned knobs (cp and ep among them), whether an unfit plan may be returned, the estimator's calibration and
 communication model — plus a fingerprint of the estimator's code and data
 (`loom/perf/*.py`, plan and GPU-spec modules, ``gpus.yaml``): change any of them
 and old entries are never read (`loom perf` users editing calibration or code
@@ -33,7 +33,7 @@ from loom.core.plan import ParallelPlan
 from loom.errors import LoomInputError
 
 ENV = "LOOM_PLAN_CACHE"
-_PLAN_FIELDS = ("dp", "tp", "pp", "micro_batch", "virtual_stages", "zero_stage", "recompute", "zero_shard")
+_PLAN_FIELDS = ("dp", "tp", "pp", "micro_batch", "virtual_stages", "zero_stage", "recompute", "zero_shard", "cp", "ep")
 _FINGERPRINT: str | None = None
 
 

@@ -33,7 +33,8 @@ from loom.perf.inputs import Hardware, TrainingJob
 
 @dataclass(frozen=True, slots=True)
 class StageSpec:
-    """`count` identical pipeline stages of `layers` layers each on dp × tp GPUs."""
+    """`count` identical pipeline stages of `layers` layers each on dp × tp × cp GPUs
+    (`cp`: context-parallel ranks; `ep`: expert-parallel ranks among the dp·cp, no extra GPUs)."""
 
     hardware: Hardware
     tp: int
@@ -42,6 +43,13 @@ class StageSpec:
     first: bool = False
     last: bool = False
     count: int = 1
+    cp: int = 1
+    ep: int = 1
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of one such stage."""
+        return self.dp * self.tp * self.cp
 
 
 def split_layers(layers: int, pp: int) -> tuple[int, ...]:
@@ -58,14 +66,15 @@ def split_layers(layers: int, pp: int) -> tuple[int, ...]:
 
 def uniform_stages(job: TrainingJob, hardware: Hardware, plan: ParallelPlan) -> tuple[StageSpec, ...]:
     """The stages of a uniform plan: first, middle run(s) and last (at most four distinct shapes)."""
-    return _uniform_stages(hardware, plan.tp, plan.dp, plan.pp, job.model.layers)
+    return _uniform_stages(hardware, plan.tp, plan.dp, plan.pp, job.model.layers, plan.cp, plan.ep)
 
 
 @lru_cache(maxsize=1 << 16)
-def _uniform_stages(hardware: Hardware, tp: int, dp: int, pp: int, layers: int) -> tuple[StageSpec, ...]:
+def _uniform_stages(hardware: Hardware, tp: int, dp: int, pp: int, layers: int, cp: int = 1,
+                    ep: int = 1) -> tuple[StageSpec, ...]:
     # Memoised so that the plans of a search share stage objects (cheap cache keys).
     if pp == 1:
-        return (StageSpec(hardware, tp, dp, layers, True, True, 1),)
+        return (StageSpec(hardware, tp, dp, layers, True, True, 1, cp, ep),)
     counts = split_layers(layers, pp)
     runs: list[list[int]] = []  # [layers, first, last, count] per run of identical stages
     for rank, n in enumerate(counts):
@@ -74,4 +83,4 @@ def _uniform_stages(hardware: Hardware, tp: int, dp: int, pp: int, layers: int) 
             runs[-1][3] += 1
         else:
             runs.append([n, first, last, 1])
-    return tuple(StageSpec(hardware, tp, dp, n, bool(f), bool(l), c) for n, f, l, c in runs)
+    return tuple(StageSpec(hardware, tp, dp, n, bool(f), bool(l), c, cp, ep) for n, f, l, c in runs)

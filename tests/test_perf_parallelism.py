@@ -1,0 +1,129 @@
+"""Issue 22 parallelism: context parallelism, expert parallelism / MoE, ZeRO-3 prefetch,
+and the pinned prices of dense plans (cp = ep = 1) that these must leave alone."""
+
+from __future__ import annotations
+
+import pytest
+
+from loom.core.plan import ParallelPlan
+from loom.perf import preset
+from loom.perf.calibration import Calibration
+from loom.perf.context import kv_chunk_bytes, ring_group, ring_passes
+from loom.perf.estimator import Estimator, uniform_stages
+from loom.perf.inputs import Hardware, PlanError, TrainingJob, check_plan
+from loom.perf.memory import layer_activation_bytes
+from loom.perf.model import ModelSpec
+
+# An explicit calibration, so the pinned prices below do not move when the bundled one is refitted.
+CAL = Calibration(gemm_efficiency=0.7, link_efficiency=0.7, memory_efficiency=0.8, half_bw_intra_mb=8.0,
+                  half_bw_inter_mb=64.0, half_bw_p2p_mb=2.0, latency_intra_us=10.0, latency_inter_us=20.0,
+                  minipod_loss_collective=0.17, minipod_loss_p2p=0.7, saturate_minipods=8, memory_reserve_gib=2.5)
+EST = Estimator(CAL)
+H100 = Hardware("H100")
+
+
+def breakdown(estimate) -> dict[str, float]:
+    return dict(estimate.breakdown)
+
+
+# -- dense plans price exactly as before context and expert parallelism -------------------
+@pytest.mark.parametrize(("name", "batch", "gpu", "plan", "iteration_s", "memory_gib"), [
+    ("llama3-8b", 64, "H100", ParallelPlan(dp=8, tp=2, micro_batch=1, zero_stage=1),
+     3.4022903323471634, 44.67206859588623),
+    ("gpt3-175b", 128, "A100-80GB", ParallelPlan(dp=2, tp=8, pp=8, micro_batch=1, virtual_stages=3, recompute="full"),
+     17.508832043894696, 42.631109619140624),
+    ("llama2-70b", 64, "H100", ParallelPlan(dp=4, tp=4, pp=4, micro_batch=2, zero_stage=2, recompute="selective"),
+     4.665586517125793, 71.06267547607422),
+    ("llama3-405b", 64, "H100", ParallelPlan(dp=1, tp=8, pp=16, micro_batch=1), 24.226940706394565, 117.10986328125),
+])
+def test_dense_plans_price_bit_identically_to_before_cp_and_ep(name, batch, gpu, plan, iteration_s, memory_gib):
+    """Values from the estimator before issue 22's CP/EP increment (commit 6da9e46), same calibration."""
+    estimate = EST.estimate(TrainingJob(preset(name), batch), Hardware(gpu), plan)
+    assert (estimate.iteration_s, estimate.memory_gib_per_gpu) == (iteration_s, memory_gib)
+    assert set(breakdown(estimate)) == {"compute", "tp_comm", "pp_comm", "bubble", "dp_exposed", "optimizer"}
+    assert estimate.as_dict()["plan"]["cp"] == 1 and estimate.as_dict()["plan"]["ep"] == 1
+
+
+# -- context parallelism -----------------------------------------------------------------
+LLAMA8 = TrainingJob(preset("llama3-8b"), 64)
+
+
+def test_cp_counts_gpus_and_splits_activations_and_compute_per_rank():
+    plan = ParallelPlan(dp=2, tp=2, cp=4, micro_batch=1)
+    assert plan.world_size == 16 and str(plan) == "dp2·tp2·pp1·cp4"
+    base = EST.estimate(LLAMA8, H100, ParallelPlan(dp=8, tp=2, micro_batch=1))
+    cp = EST.estimate(LLAMA8, H100, plan)
+    assert cp.gpus == 16
+    # activations per layer and rank: s/cp tokens
+    assert layer_activation_bytes(LLAMA8, 1, 2, "none", cp=4) == pytest.approx(
+        layer_activation_bytes(LLAMA8, 1, 2, "none") / 4)
+    # per micro-batch compute / cp, 4× the micro-batches (dp 8 → 2): the same total compute
+    assert breakdown(cp)["compute"] == pytest.approx(breakdown(base)["compute"], rel=1e-12)
+    assert cp.memory_gib_per_gpu < base.memory_gib_per_gpu
+    assert cp.as_dict()["plan"]["cp"] == 4
+
+
+def test_ring_attention_inside_a_node_hides_behind_attention_but_crossing_nodes_shows():
+    """tp·cp ≤ 8: NVLink hops hide under the block attention; tp·cp = 32: each hop is a NIC send."""
+    inside = EST.estimate(LLAMA8, H100, ParallelPlan(dp=4, tp=2, cp=4))
+    across = EST.estimate(LLAMA8, H100, ParallelPlan(dp=1, tp=8, cp=4, micro_batch=1))
+    assert breakdown(inside)["cp_comm"] < breakdown(across)["cp_comm"]
+    assert breakdown(across)["cp_comm"] > 0.0
+    # the exposed part never exceeds the whole ring: layers × passes × (cp − 1) sends
+    stage = uniform_stages(LLAMA8, H100, ParallelPlan(dp=1, tp=8, cp=4))[0]
+    step = EST.comm.send(kv_chunk_bytes(LLAMA8, stage, 1), ring_group(stage), H100.links())
+    micro_batches = 64
+    assert breakdown(across)["cp_comm"] <= micro_batches * 32 * ring_passes("none") * 3 * step * (1 + 1e-12)
+
+
+def test_kv_chunk_is_the_ranks_kv_heads_for_s_over_cp_tokens():
+    stage = uniform_stages(LLAMA8, H100, ParallelPlan(dp=1, tp=2, cp=4))[0]
+    # K and V, s/cp = 2048 tokens, 8 KV heads / tp 2 = 4 heads of 128, bf16
+    assert kv_chunk_bytes(LLAMA8, stage, 1) == 2 * 2048 * 4 * 128 * 2
+    replicated = uniform_stages(LLAMA8, H100, ParallelPlan(dp=1, tp=16, cp=2))[0]
+    assert kv_chunk_bytes(LLAMA8, replicated, 1) == 2 * 4096 * 1 * 128 * 2  # tp > kv_heads: one head each
+
+
+def test_cp_ranks_shard_zero_state_with_dp():
+    """ZeRO-1 shards the optimizer over dp·cp ranks: cp=4, dp=2 holds what dp=8 holds."""
+    z1_dp = EST.estimate(LLAMA8, H100, ParallelPlan(dp=8, tp=2, zero_stage=1, recompute="full"))
+    z1_cp = EST.estimate(LLAMA8, H100, ParallelPlan(dp=2, tp=2, cp=4, zero_stage=1, recompute="full"))
+    z0_cp = EST.estimate(LLAMA8, H100, ParallelPlan(dp=2, tp=2, cp=4, zero_stage=0, recompute="full"))
+    assert z1_cp.memory_gib_per_gpu < z1_dp.memory_gib_per_gpu  # same states, activations / 4
+    states_saved = 12 * 8.03e9 / 2 * (1 - 1 / 8) / 2**30
+    assert z0_cp.memory_gib_per_gpu - z1_cp.memory_gib_per_gpu == pytest.approx(states_saved, rel=0.01)
+
+
+@pytest.mark.parametrize(("plan", "field", "needle"), [
+    (ParallelPlan(dp=1, cp=3), "cp", r"seq_len \(8192\) not divisible by 2·cp = 6"),
+    (ParallelPlan(dp=1, cp=0), "cp", "positive integer"),
+    (ParallelPlan(dp=2, ep=2), "ep", "needs an MoE model"),
+])
+def test_cp_and_ep_refusals_name_the_field_and_the_nearest_plan(plan, field, needle):
+    with pytest.raises(PlanError, match=needle) as info:
+        check_plan(LLAMA8, plan)
+    assert info.value.field == field
+    assert "nearest" in str(info.value) or "positive" in str(info.value)
+
+
+def test_cp_refusal_suggests_cp_that_divide_the_sequence():
+    with pytest.raises(PlanError, match=r"nearest: cp=2 or cp=4"):
+        check_plan(LLAMA8, ParallelPlan(dp=1, cp=3))
+
+
+def small_gpt() -> ModelSpec:
+    return ModelSpec(name="t", layers=8, hidden=1024, heads=16, seq_len=2048, vocab=32000)
+
+
+def test_gpu_count_must_match_dp_tp_pp_cp():
+    with pytest.raises(PlanError, match="dp·tp·pp·cp = 8"):
+        check_plan(TrainingJob(small_gpt(), 8), ParallelPlan(dp=2, tp=2, cp=2), gpus=16)
+
+
+def test_plan_cache_keeps_cp_and_ep(tmp_path):
+    from loom.perf.plan_cache import PlanCache
+
+    cache = PlanCache(tmp_path / "plans.sqlite")
+    plan = ParallelPlan(dp=4, tp=2, pp=2, micro_batch=1, zero_stage=1, cp=2, ep=4)
+    cache.put("k", plan)
+    assert PlanCache(tmp_path / "plans.sqlite").get("k") == (True, plan)
