@@ -12,24 +12,29 @@ Sections (default: all; pick any with flags):
   --cells        Crius Cell estimates and pruned tuning vs exhaustive tuning
   --fit          refit gemm_efficiency / link_efficiency on Table 1 and print them;
                  with --write, rewrite those two numbers in loom/perf/data/calibration.yaml
+  --h100-era     ../shared/calibration/h100_era.csv: per-row tokens/s/GPU errors, in-sample and
+                 leave-one-out MAPE (core rows, all rows, per GPU type, per system), excluded rows
+  --fit-era      refit the per-generation GEMM fractions (gemm_by_generation) on the core rows;
+                 with --write, rewrite them in loom/perf/data/calibration.yaml
 
 Markdown tables go to stdout (pasteable into docs/BENCHMARKS.md); progress to stderr.
 
     python bench/estimator.py [--speed] [--calibration] [--llama] [--nccl] [--arnold]
-                              [--cells] [--fit [--write]] [--repeat 5]
+                              [--cells] [--h100-era] [--fit [--write]] [--fit-era [--write]] [--repeat 5]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
-import platform
 import re
 import statistics
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchinfo import machine
 
 from loom.core.plan import ParallelPlan
 from loom.paths import shared_traces_dir
@@ -38,13 +43,24 @@ from loom.perf.calibration import load_calibration
 from loom.perf.cells import Cell, compare_with_exhaustive
 from loom.perf.comm import BusBandwidthComm, GroupShape
 from loom.perf.estimator import Estimator
-from loom.perf.fit import fit, leave_one_out, load_megatron_table, mape, predict
+from loom.perf.fit import (
+    era_leave_one_out,
+    fit,
+    fit_era,
+    leave_one_out,
+    load_megatron_table,
+    mape,
+    predict,
+    predict_era,
+)
+from loom.perf.h100_era import load_h100_era
 from loom.perf.inputs import Hardware, Placement, PlanError, TrainingJob, check_plan
 from loom.perf.nccl import MeasuredComm, parse_nccl_tests
 from loom.perf.search import Choices, candidate_plans, search_plans
 
 CALIBRATION_YAML = Path(__file__).resolve().parents[1] / "loom" / "perf" / "data" / "calibration.yaml"
 MEGATRON_CSV = shared_traces_dir().parent / "calibration" / "megatron_lm_table1.csv"
+H100_ERA_CSV = shared_traces_dir().parent / "calibration" / "h100_era.csv"
 NCCL_LOG = shared_traces_dir() / "nccl" / "gcp_a3mega_2x8xH100_all_reduce_perf.txt"
 ZHEJIANGLAB_S = 45.8
 
@@ -216,6 +232,82 @@ def section_fit(write: bool) -> None:
               f"link_efficiency {fitted.link_efficiency}.\n")  # fmt: skip
 
 
+# -- 2b. H100-era measurements ------------------------------------------------------
+def _mape(errors: list[float]) -> str:
+    return f"{statistics.mean(abs(e) for e in errors):.1%}" if errors else "–"
+
+
+def _era_summary(rows: list[tuple[object, float, float]], key, label: str) -> None:
+    """MAPE by `key(run)`: core rows in-sample and LOO, all rows in-sample."""
+    groups: dict[str, list[tuple[object, float, float]]] = {}
+    for row in rows:
+        groups.setdefault(key(row[0]), []).append(row)
+    out = []
+    for name in sorted(groups):
+        members = groups[name]
+        core = [r for r in members if r[0].core]
+        out.append([name, len(core), _mape([r[1] for r in core]), _mape([r[2] for r in core]), len(members),
+                    _mape([r[1] for r in members])])
+    table([label, "core rows", "core in-sample", "core LOO", "all rows", "all in-sample"], out, "lrrrrr")
+
+
+def section_h100_era() -> None:
+    print("### H100-era measurements (h100_era.csv): tokens/s per GPU\n")
+    runs, excluded = load_h100_era(H100_ERA_CSV)
+    cal = load_calibration()
+    core = [r for r in runs if r.core]
+    log(f"h100-era: {len(runs)} rows, leave-one-out over {len(core)} core rows")
+    t = time.perf_counter()
+    loo = {r.row_id: p for r, p in era_leave_one_out(core, cal)}
+    loo_s = time.perf_counter() - t
+    rows, lines = [], []
+    for run in runs:
+        predicted = predict_era(run, cal)
+        e_in = predicted / run.tokens_per_s_per_gpu - 1
+        e_loo = loo.get(run.row_id, predicted) / run.tokens_per_s_per_gpu - 1
+        rows.append((run, e_in, e_loo))
+        lines.append([run.row_id, "core" if run.core else "", run.system, run.gpu_type, run.model, run.job.precision,
+                      f"`{run.plan.describe()}`", f"{run.tokens_per_s_per_gpu:,.0f}", f"{predicted:,.0f}",
+                      f"{e_in:+.1%}", f"{e_loo:+.1%}" if run.core else "–"])
+    fractions = ", ".join(f"{a} {p} {f}" for (a, p), f in cal.gemm_by_generation)
+    print(f"Bundled calibration: GEMM fraction of peak {fractions} (fitted on the core rows); other GPUs "
+          f"`gemm_efficiency` {cal.gemm_efficiency} (Megatron-LM Table 1, A100), link_efficiency "
+          f"{cal.link_efficiency}. Each row is priced on its own published plan; in-sample = bundled "
+          f"calibration, LOO = its generation's fractions refitted without the row (core rows only; "
+          f"rows of a generation that is not fitted, A100, are out of sample either way). "
+          f"{len(runs)} rows expressible ({len(core)} core), {len(excluded)} excluded. "
+          f"Leave-one-out took {loo_s:.1f} s.\n")
+    table(["id", "core", "system", "GPU", "model", "prec.", "plan", "measured tok/s/GPU", "predicted",
+           "error", "LOO error"], lines, "rllllllrrrr")
+    table(["rows", "n", "in-sample MAPE", "LOO MAPE", "floor"], [
+        ["core", len(core), _mape([r[1] for r in rows if r[0].core]), _mape([r[2] for r in rows if r[0].core]),
+         "LOO ≤ 10%"],
+        ["all expressible", len(runs), _mape([r[1] for r in rows]), "–", "–"],
+    ], "lrrrl")
+    _era_summary(rows, lambda r: r.gpu_type, "GPU type")
+    _era_summary(rows, lambda r: r.system, "system")
+    table(["id", "core", "system", "GPU", "model", "excluded because"],
+          [[x.row_id, "core" if x.core else "", x.system, x.gpu_type, x.model, x.reason] for x in excluded], "rlllll")
+
+
+def section_fit_era(write: bool) -> None:
+    print("### Fit of the per-generation GEMM fractions (h100_era.csv core rows)\n")
+    runs, _ = load_h100_era(H100_ERA_CSV)
+    base = load_calibration()
+    fitted = fit_era([r for r in runs if r.core], base)
+    table(["generation / precision", "bundled", "refitted"],
+          [[f"{a} {p}", dict(base.gemm_by_generation).get((a, p), "–"), f] for (a, p), f in fitted.gemm_by_generation])
+    if write:
+        text = CALIBRATION_YAML.read_text()
+        for (architecture, precision), fraction in fitted.gemm_by_generation:
+            pattern = rf"(?ms)(^gemm_by_generation:.*?^  {architecture}:.*?^    {precision}:)\s*[0-9.eE+-]+"
+            text, n = re.subn(pattern, rf"\g<1> {fraction}", text, count=1)
+            if n != 1:
+                raise SystemExit(f"{CALIBRATION_YAML}: no gemm_by_generation.{architecture}.{precision} line")
+        CALIBRATION_YAML.write_text(text)
+        print(f"Wrote {CALIBRATION_YAML.name}: {fitted.gemm_by_generation}.\n")
+
+
 # -- 3. LLaMA-2-7B ------------------------------------------------------------------
 def section_llama() -> None:
     print("### 3. LLaMA-2-7B vs the zhejianglab log (45.8 s/step)\n")
@@ -375,25 +467,29 @@ def main() -> None:
     for name in names:
         parser.add_argument(f"--{name}", action="store_true")
     parser.add_argument("--fit", action="store_true", help="refit gemm/link efficiency on Table 1")
-    parser.add_argument("--write", action="store_true", help="with --fit: rewrite calibration.yaml")
+    parser.add_argument("--h100-era", action="store_true", help="tokens/s/GPU errors on h100_era.csv")
+    parser.add_argument("--fit-era", action="store_true", help="refit per-generation GEMM fractions")
+    parser.add_argument("--write", action="store_true", help="with --fit or --fit-era: rewrite calibration.yaml")
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    if args.write and not args.fit:
-        parser.error("--write needs --fit")
-    chosen = [n for n in names if getattr(args, n)]
-    if not chosen and not args.fit:
-        chosen = list(names)
+    if args.write and not (args.fit or args.fit_era):
+        parser.error("--write needs --fit or --fit-era")
+    chosen = [n for n in (*names, "h100_era") if getattr(args, n)]
+    if not chosen and not (args.fit or args.fit_era):
+        chosen = [*names, "h100_era"]
     print(f"Command: `python bench/estimator.py{''.join(' ' + a for a in sys.argv[1:])}`")
-    print(f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")  # fmt: skip
+    print(f"Machine: {machine()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
     t0 = time.perf_counter()
     sections = {"speed": lambda: section_speed(args.repeat), "calibration": section_calibration,
-                "llama": section_llama, "nccl": section_nccl, "arnold": section_arnold, "cells": section_cells}  # fmt: skip
+                "llama": section_llama, "nccl": section_nccl, "arnold": section_arnold, "cells": section_cells,
+                "h100_era": section_h100_era}  # fmt: skip
     for name in chosen:
         log(f"-- {name}")
         sections[name]()
     if args.fit:
         section_fit(args.write)
+    if args.fit_era:
+        section_fit_era(args.write)
     print(f"Total benchmark time: {time.perf_counter() - t0:.0f} s.")
 
 

@@ -34,6 +34,8 @@ class GpuSpec:
     source: tuple[str, ...]
     notes: str = ""
     tflops_fp8: float = 0.0  # dense FP8 tensor TFLOP/s; 0 = no FP8 tensor cores (FP8 runs at the BF16 peak)
+    # GPU generation ("ampere", "hopper", ...): the calibration's per-generation GEMM fractions key on it
+    architecture: str = ""
 
     def peak_tflops(self, precision: str) -> float:
         """Dense tensor peak for a compute precision ("bf16", "fp16", "fp8")."""
@@ -45,7 +47,8 @@ class GpuSpec:
 _NUMERIC = ("tflops_bf16", "tflops_fp16", "memory_gib", "memory_bw_gbps", "intra_node_gbps", "nic_gbps")
 _REQUIRED = (*_NUMERIC, "source")
 _OPTIONAL_NUMERIC = ("tflops_fp8",)  # absent = 0: the GPU has no FP8 tensor cores
-_ALLOWED = frozenset((*_REQUIRED, *_OPTIONAL_NUMERIC, "notes"))
+ARCHITECTURES = ("pascal", "volta", "turing", "ampere", "ada", "hopper")  # optional `architecture` values
+_ALLOWED = frozenset((*_REQUIRED, *_OPTIONAL_NUMERIC, "notes", "architecture"))
 
 
 def load_gpu_specs(path: str | Path | None = None) -> dict[str, GpuSpec]:
@@ -170,12 +173,20 @@ def _parse_entry(loader: yaml.SafeLoader, name: str, node: yaml.Node, source: st
             f"must be text, got {notes!r}", source=source, line=lines["notes"], field=f"{name}.notes"
         )
 
+    architecture = values.get("architecture", "")
+    if architecture and architecture not in ARCHITECTURES:
+        raise LoomInputError(
+            f"must be one of {', '.join(ARCHITECTURES)}, got {architecture!r}",
+            source=source, line=lines["architecture"], field=f"{name}.architecture",
+        )
+
     return GpuSpec(
         name=name,
         **{f: float(values[f]) for f in _NUMERIC},
         **{f: float(values.get(f, 0.0)) for f in _OPTIONAL_NUMERIC},
         source=tuple(s.strip() for s in src),
         notes=notes.strip(),
+        architecture=architecture,
     )
 
 

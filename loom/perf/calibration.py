@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from loom.errors import LoomInputError
+from loom.hardware.gpus import ARCHITECTURES, gpu_spec
 
 _BUNDLED = Path(__file__).parent / "data" / "calibration.yaml"
 
@@ -35,13 +36,37 @@ class Calibration:
     minipod_loss_p2p: float
     saturate_minipods: int
     memory_reserve_gib: float
+    # ((architecture, precision), fraction): GEMM fraction of peak per GPU generation and precision,
+    # fitted on that generation's measurements; a pair not listed uses `gemm_efficiency`
+    gemm_by_generation: tuple[tuple[tuple[str, str], float], ...] = ()
 
     def gemm_fraction(self, gpu_type: str, precision: str) -> float:
-        """Achievable fraction of `gpu_type`'s dense `precision` tensor peak for large GEMMs."""
+        """Achievable fraction of `gpu_type`'s dense `precision` tensor peak for large GEMMs:
+        its generation's fitted fraction for that precision (fp16 shares bf16's: the same
+        tensor-core rate), else the generic `gemm_efficiency` (fitted on A100s)."""
+        if self.gemm_by_generation:
+            key = (_architecture(gpu_type), "bf16" if precision == "fp16" else precision)
+            for pair, fraction in self.gemm_by_generation:
+                if pair == key:
+                    return fraction
         return self.gemm_efficiency
 
     def with_fit(self, gemm_efficiency: float, link_efficiency: float) -> Calibration:
         return replace(self, gemm_efficiency=gemm_efficiency, link_efficiency=link_efficiency)
+
+    def with_generation(self, architecture: str, precision: str, fraction: float) -> Calibration:
+        """A copy with (architecture, precision)'s GEMM fraction set (added if absent)."""
+        table = dict(self.gemm_by_generation)
+        table[(architecture, precision)] = fraction
+        return replace(self, gemm_by_generation=tuple(sorted(table.items())))
+
+
+@lru_cache(maxsize=256)
+def _architecture(gpu_type: str) -> str:
+    try:
+        return gpu_spec(gpu_type).architecture
+    except LoomInputError:  # a type outside gpus.yaml has no generation: the generic fraction
+        return ""
 
 
 _LAYOUT: dict[str, Any] = {
@@ -53,6 +78,8 @@ _LAYOUT: dict[str, Any] = {
     "minipod_loss": {"collective": "loss", "p2p": "loss", "saturate_minipods": "count"},
     "memory_reserve_gib": "nonnegative",
 }
+_OPTIONAL = ("gemm_by_generation",)  # generation -> {precision: fraction}, see calibration.yaml
+_GENERATION_PRECISIONS = ("bf16", "fp8")
 
 
 def load_calibration(path: str | Path | None = None) -> Calibration:
@@ -76,6 +103,7 @@ def _parse(path: Path) -> Calibration:
     except yaml.YAMLError as exc:
         line = getattr(getattr(exc, "problem_mark", None), "line", None)
         raise LoomInputError("not valid YAML", source=source, line=None if line is None else line + 1) from exc
+    generations = _generations(raw.pop("gemm_by_generation", None) if isinstance(raw, dict) else None, source)
     values = _check(raw, _LAYOUT, source, "")
     return Calibration(
         gemm_efficiency=values["gemm_efficiency"],
@@ -90,7 +118,32 @@ def _parse(path: Path) -> Calibration:
         minipod_loss_p2p=values["minipod_loss.p2p"],
         saturate_minipods=int(values["minipod_loss.saturate_minipods"]),
         memory_reserve_gib=values["memory_reserve_gib"],
+        gemm_by_generation=generations,
     )
+
+
+def _generations(raw: object, source: str) -> tuple[tuple[tuple[str, str], float], ...]:
+    """`gemm_by_generation`: {architecture: {precision: fraction}}; unknown names rejected."""
+    if raw is None:
+        return ()
+    field = "gemm_by_generation"
+    if not isinstance(raw, dict):
+        raise LoomInputError("expected a mapping of GPU generation to {precision: fraction}", source=source,
+                             field=field)
+    table: dict[tuple[str, str], float] = {}
+    for arch, fractions in raw.items():
+        if arch not in ARCHITECTURES:
+            raise LoomInputError(f"unknown GPU generation (allowed: {', '.join(ARCHITECTURES)})", source=source,
+                                 field=f"{field}.{arch}")
+        if not isinstance(fractions, dict) or not fractions:
+            raise LoomInputError("expected a mapping of precision to fraction", source=source, field=f"{field}.{arch}")
+        for precision, value in fractions.items():
+            name = f"{field}.{arch}.{precision}"
+            if precision not in _GENERATION_PRECISIONS:
+                raise LoomInputError(f"unknown precision (allowed: {', '.join(_GENERATION_PRECISIONS)})",
+                                     source=source, field=name)
+            table[(arch, precision)] = _number(value, "fraction", source, name)
+    return tuple(sorted(table.items()))
 
 
 def _check(raw: object, layout: dict[str, Any], source: str, prefix: str) -> dict[str, float]:
@@ -98,7 +151,8 @@ def _check(raw: object, layout: dict[str, Any], source: str, prefix: str) -> dic
         raise LoomInputError("expected a mapping", source=source, field=prefix.rstrip(".") or None)
     unknown = sorted(set(raw) - set(layout))
     if unknown:
-        raise LoomInputError(f"unknown key (allowed: {', '.join(layout)})", source=source, field=prefix + str(unknown[0]))
+        allowed = [*layout, *_OPTIONAL] if not prefix else list(layout)
+        raise LoomInputError(f"unknown key (allowed: {', '.join(allowed)})", source=source, field=prefix + str(unknown[0]))
     values: dict[str, float] = {}
     for key, rule in layout.items():
         name = prefix + key
