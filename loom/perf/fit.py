@@ -1,13 +1,17 @@
 """Fit the estimator's efficiency parameters to published measurements.
 
-Only two numbers are fitted — the achievable fraction of tensor peak for large
-GEMMs and the fraction of nominal link bandwidth collectives reach — on
-Megatron-LM Table 1 (Narayanan et al. SC'21). Each row's micro-batch and
-interleaving are not published, so each is searched (as Megatron's authors
-tuned them); recomputation is full, attention unfused and sequence parallelism
-off, as in that paper.
-The table's TFLOP/s count recomputation with the paper's formula, so
-predictions are converted with the same formula.
+Two numbers are fitted on Megatron-LM Table 1 (Narayanan et al. SC'21) — the
+achievable fraction of tensor peak for large GEMMs and the fraction of nominal
+link bandwidth collectives reach — and one GEMM fraction per (GPU generation,
+precision) on the `core` rows of h100_era.csv (`fit_era`, below: Hopper BF16
+and FP8; A100 keeps Table 1's, so its rows there are out of sample).
+
+On Table 1, each row's micro-batch and interleaving are not published, so each
+is searched (as Megatron's authors tuned them); recomputation is full, attention
+unfused and sequence parallelism off, as in that paper. The table's TFLOP/s
+count recomputation with the paper's formula, so predictions are converted with
+the same formula. On h100_era.csv every row states its plan and the error is in
+tokens/s/GPU (its README's caveat 1: TFLOP/s conventions differ by source).
 """
 
 from __future__ import annotations

@@ -57,6 +57,17 @@ SYSTEMS = (
     ("HAI-LLM", "HAI-LLM", False),
 )
 
+# TrainingJob knobs a system's published recipes turn on, applied as soon as TrainingJob has
+# them (the estimator is asked for them in issue 22; until then these rows are priced without):
+# `overlap_tp`: Megatron-Core's tp_comm_overlap (userbuffers) pipelines the TP all-gather and
+# reduce-scatter with the GEMMs that consume them; NeMo's and Megatron-Bridge's H100 perf
+# recipes enable it whenever tp > 1.
+SYSTEM_KNOBS: dict[str, dict[str, object]] = {
+    "NeMo": {"overlap_tp": True},
+    "Megatron-Bridge": {"overlap_tp": True},
+    "Megatron-LM": {"overlap_tp": True},
+}
+
 # Model-name prefix -> architecture flags and the true attention head size (None: hidden/heads).
 # From the configs the README cites (Megatron-Bridge providers, NeMo YAML, grok-1 run.py, MPT yamls).
 FAMILIES: tuple[tuple[str, dict[str, object], int | None], ...] = (
@@ -179,7 +190,7 @@ def _row(row: dict[str, str], cells: _Cells, runs: list[EraRun], excluded: list[
     gpu_type = resolve_gpu_type(cells.text("gpu_type"), source=cells.source, line=cells.line)
     head = (row_id, cells.line, core == "1", system, gpu_type, cells.text("model"))
     try:
-        runs.append(EraRun(*head, gpus=cells.int("gpus"), **_inputs(cells, fsdp)))
+        runs.append(EraRun(*head, gpus=cells.int("gpus"), **_inputs(cells, system, fsdp)))
     except _Skip as skip:
         excluded.append(Excluded(*head, reason=str(skip)))
 
@@ -192,7 +203,7 @@ def _system(cells: _Cells) -> tuple[str, bool]:
     raise cells.error("system", f"unknown system {text!r} (known: {', '.join(p for p, _, _ in SYSTEMS)})")
 
 
-def _inputs(cells: _Cells, fsdp: bool) -> dict[str, object]:
+def _inputs(cells: _Cells, system: str, fsdp: bool) -> dict[str, object]:
     """job, plan and measured tokens/s/GPU of one row (raises `_Skip` when not expressible)."""
     model = _model(cells)
     plan_fields = _plan_fields(cells, fsdp)
@@ -206,14 +217,15 @@ def _inputs(cells: _Cells, fsdp: bool) -> dict[str, object]:
     batch = cells.int("global_batch", lead=True, blank=0)
     if batch == 0:  # README: the local batch on every FSDP rank, no accumulation
         batch = cells.int("micro_batch") * plan_fields["dp"] * cells.int("grad_accum", blank=1)
+    knobs = {k: v for k, v in SYSTEM_KNOBS.get(system, {}).items() if k in _knobs(TrainingJob)}
     job = TrainingJob(
         model, batch, precision=_precision(cells), fused_kernels=_fused(cells),
-        sequence_parallel=plan_fields["tp"] > 1,
+        sequence_parallel=plan_fields["tp"] > 1, **knobs,  # type: ignore[arg-type]
     )  # fmt: skip
     try:
         plan = ParallelPlan(**plan_fields)
     except TypeError:  # a knob this ParallelPlan does not have yet
-        raise _Skip("needs " + ", ".join(k for k in plan_fields if k not in _plan_knobs())) from None
+        raise _Skip("needs " + ", ".join(k for k in plan_fields if k not in _knobs(ParallelPlan))) from None
     try:
         check_plan(job, plan, gpus)
     except PlanError as exc:  # a layout the estimator refuses (e.g. Megatron's embedding-as-a-stage split)
@@ -221,8 +233,9 @@ def _inputs(cells: _Cells, fsdp: bool) -> dict[str, object]:
     return {"job": job, "plan": plan, "tokens_per_s_per_gpu": measured}
 
 
-def _plan_knobs() -> set[str]:
-    return {f.name for f in fields(ParallelPlan)}
+def _knobs(cls: type) -> set[str]:
+    """The fields a dataclass has: rows use a knob as soon as the estimator grows it."""
+    return {f.name for f in fields(cls)}
 
 
 def _model(cells: _Cells) -> ModelSpec:
@@ -231,12 +244,17 @@ def _model(cells: _Cells) -> ModelSpec:
     if family is None:
         raise cells.error("model", f"unknown model family {name!r} (known: {', '.join(f[0] for f in FAMILIES)})")
     _, flags, head_dim = family
+    if name.startswith("GPT-OSS"):
+        raise _Skip("sliding-window (128-token) attention on alternate layers is not a ModelSpec attention kind")
     kv = cells.text("kv_heads")
     if kv.startswith("MLA"):
         raise _Skip("multi-head latent attention (MLA) is not a ModelSpec attention kind")
     layers, hidden, heads = cells.int("layers"), cells.int("hidden"), cells.int("heads")
+    extra: dict[str, object] = {}
     if head_dim is not None and head_dim * heads != hidden:
-        raise _Skip(f"head size {head_dim} ≠ hidden/heads = {hidden}/{heads}: ModelSpec has no head_dim")
+        if "head_dim" not in _knobs(ModelSpec):
+            raise _Skip(f"head size {head_dim} ≠ hidden/heads = {hidden}/{heads}: ModelSpec has no head_dim")
+        extra["head_dim"] = head_dim
     arch = cells.text("arch")
     if arch not in ("dense", "moe"):
         raise cells.error("arch", f"must be dense or moe, got {arch!r}")
@@ -245,7 +263,7 @@ def _model(cells: _Cells) -> ModelSpec:
         return ModelSpec(
             name=name, layers=layers, hidden=hidden, heads=heads, kv_heads=cells.int("kv_heads"),
             ffn_hidden=cells.int("ffn_hidden"), seq_len=cells.int("seq_len"), vocab=cells.int("vocab", lead=True),
-            experts=experts, top_k=cells.int("topk") if experts > 1 else 1, **flags,  # type: ignore[arg-type]
+            experts=experts, top_k=cells.int("topk") if experts > 1 else 1, **flags, **extra,  # type: ignore[arg-type]
         )  # fmt: skip
     except LoomInputError as exc:
         raise cells.error(exc.field or "model", exc.message) from None
