@@ -4,6 +4,16 @@
     python bench/arena_policies.py arena-philly crius sia --conventions arena
     python bench/arena_policies.py arena-philly crius --profile-db /path/to/prof_database.pkl
     python bench/arena_policies.py arena-philly 'crius:{"max_scale": 2}'
+    python bench/arena_policies.py arena-philly crius sia --plans best
+
+``--plans`` is the fairness switch (issue 23; `EstimatorSpeed.plans`): ``decided``
+(default) runs every job with the plan its policy's decision carried (Crius its
+tuned Cell plan, the DP-scaling baselines their data-parallel plan, policies that
+decide none the best plan); ``best`` gives every job the speed model's best plan.
+Each line reports *plan speed*: the speed of the plans jobs ran over the speed
+model's best plan on the same GPUs, averaged over job run time
+(`loom.sim.plan_quality`; 1.00 under ``best`` and with ``--profile-db``, which
+prices its best plan whatever a job decided).
 
 Iterations/5 (Arena's convention), best-fit placer, estimator speeds unless
 ``--profile-db`` (Arena's own profile database as the speed model).
@@ -33,7 +43,8 @@ from loom.core.protocols import PLACERS, POLICIES
 from loom.hardware.clusters import load_cluster
 from loom.report.metrics import summary
 from loom.sim.engine import Simulation
-from loom.sim.estimator_speed import EstimatorSpeed
+from loom.sim.estimator_speed import PLAN_RULES, EstimatorSpeed
+from loom.sim.plan_quality import PlanQuality
 from loom.workload.loaders import load_trace
 
 ARENA_CONVENTIONS = {"crius": {"restart_delay_s": 40.0, "profiling_s_per_cell": 0.0},
@@ -47,6 +58,7 @@ def main() -> None:
     parser.add_argument("policies", nargs="+", help="NAME or NAME:{json params}")
     parser.add_argument("--conventions", choices=("loom", "arena"), default="loom")
     parser.add_argument("--profile-db", default=None)
+    parser.add_argument("--plans", choices=PLAN_RULES, default="decided")
     args = parser.parse_args()
     print(f"Date: {datetime.now(UTC).isoformat(timespec='seconds')}; machine: {machine()}; "
           f"command: `{shlex.join(['python', 'bench/arena_policies.py', *sys.argv[1:]])}`", flush=True)
@@ -59,16 +71,20 @@ def main() -> None:
         params.update(json.loads(raw) if raw else {})
         if args.profile_db:
             from loom.sim.arena_profile import ArenaProfileSpeed
-            speed = ArenaProfileSpeed(args.profile_db)
+            speed = PlanQuality(ArenaProfileSpeed(args.profile_db))
         else:
-            speed = EstimatorSpeed(iteration_scale=0.2)
+            speed = PlanQuality(EstimatorSpeed(iteration_scale=0.2, plans=args.plans))
         wall = time.perf_counter()
-        result = Simulation(topo, specs, POLICIES.get(name)(**params), PLACERS.get("best-fit")(), speed,
-                            log_decisions=False).run()
+        result = Simulation(topo, specs, POLICIES.get(name)(**params), PLACERS.get("best-fit")(), speed).run()
         s = results[arg] = summary(result)
+        quality = speed.job_time_average(result.decisions, result.jobs)
+        stats = result.record.policy_stats  # summary.json's <policy>_<counter>
+        extra = "".join(f" {k} {stats[k]:,.0f}" for k in ("oscillations", "profiling_delay_s_median", "profiling_starts")
+                        if k in stats)
         print(f"{arg} {params or ''}: finished {s['finished']}/{s['jobs']} avg JCT {s['avg_jct_s']:,.0f} s "
-              f"makespan {s['makespan_s']:,.0f} s decision ms median {s['decision_ms_median']:.2f} "
-              f"p99 {s['decision_ms_p99']:.1f} wall {time.perf_counter() - wall:.1f} s", flush=True)
+              f"makespan {s['makespan_s']:,.0f} s plan speed {quality:.3f} decision ms median "
+              f"{s['decision_ms_median']:.2f} p99 {s['decision_ms_p99']:.1f}{extra} "
+              f"wall {time.perf_counter() - wall:.1f} s", flush=True)
     crius = next((s for a, s in results.items() if a.startswith("crius")), None)
     if crius:
         for arg, s in results.items():

@@ -28,7 +28,7 @@ def avg_jct(result) -> float:
 def arena_runs():
     topo = load_cluster("arena-1280")
     specs = sorted(load_trace("arena-pai"), key=lambda s: s.submit_time)[:N_JOBS]
-    crius = Crius()
+    crius = Crius(run_while_profiling=False)  # every job waits for its profiling
     runs = {}
     for name, policy in (("fcfs", FCFS()), ("crius", crius)):
         runs[name] = Simulation(topo, specs, policy, BestFit(), EstimatorSpeed()).run()
@@ -173,5 +173,7 @@ def test_cli_run_reports_crius_counters_profiling_and_latency(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["finished"] == 20 and summary["crius_starts"] >= 20
     assert 0 < summary["crius_profiling_delay_s_median"] <= summary["crius_profiling_delay_s_max"]
-    assert summary["avg_queue_s"] >= summary["crius_profiling_delay_s_median"] / 2  # jobs wait for profiling
+    # by default a job being profiled runs as submitted where it fits, so few jobs wait for it
+    assert summary["crius_profiling_starts"] > 0
+    assert summary["avg_queue_s"] < summary["crius_profiling_delay_s_median"]
     assert 0 < summary["decision_ms_median"] <= summary["decision_ms_p99"]

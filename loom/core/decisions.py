@@ -57,18 +57,23 @@ class Resume:
 @dataclass(frozen=True, slots=True)
 class Migrate:
     """Move a running job to other GPUs of the same count; it makes no progress
-    for `pause_s` (checkpoint, transfer, restart) while holding the new GPUs."""
+    for `pause_s` (checkpoint, transfer, restart) while holding the new GPUs.
+    `plan` is how it runs there (None: the backend's/speed model's choice); a
+    job's plan never outlives the allocation it was chosen for, so a Migrate
+    without one drops the old plan (tuned for other GPUs)."""
 
     job_id: str
     allocation: Allocation
     reason: str
     pause_s: float = 0.0
+    plan: ParallelPlan | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Resize:
     """Give a running job a different number of GPUs, keeping its logical world
-    size; `pause_s` as for Migrate (the checkpoint-restart cost of rescaling)."""
+    size; `pause_s` as for Migrate (the checkpoint-restart cost of rescaling).
+    `plan` as for Migrate: without one the job's old plan is dropped."""
 
     job_id: str
     allocation: Allocation

@@ -356,9 +356,9 @@ class Scheduler:
         state.release(before)
         state.allocate(d.allocation)
         job.allocation, job.last_start = d.allocation, at
+        job.plan = d.plan  # a plan is tuned for its GPUs: it never outlives them
         if isinstance(d, Resize):
             job.resizes += 1
-            job.plan = d.plan or job.plan
         else:
             job.migrations += 1
         self._send(d, job, at)

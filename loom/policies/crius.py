@@ -4,7 +4,10 @@ Each job's options and their values come from its Cells (`loom.policies.crius_ce
 (GPU type, count N/2, N, 2N, …, max_scale·N) valued by the best Cell's
 throughput relative to the job as requested. Cluster throughput is the sum of
 these values over running jobs (a pending job counts 0). A job becomes ready
-after its profiling delay (a `Timer` wakes the scheduler then).
+after its profiling delay (a `Timer` wakes the scheduler then); with
+`run_while_profiling` it may run as submitted meanwhile (untouched until ready).
+Values only rank: every decision carries the plan tuned for exactly the GPUs it
+gives (`CellBook.tuned`, cell-guided tuning), so the job runs what was planned.
 
 One round (on every arrival / completion / timer), in this order:
 
@@ -31,11 +34,12 @@ One round (on every arrival / completion / timer), in this order:
    A job that starts while an earlier job is blocked runs *opportunistically* for
    it when it lands on the head's target type (step 1 may preempt it later).
 4. *Growth, `search_depth` greedy steps.* Running jobs move up: a larger Cell on
-   their type using free GPUs (also restoring shrunk jobs), or another GPU type at
-   no more than max(current, N) GPUs. Steps are taken best Δ first; a step must
-   gain at least `min_gain` and the job must have at least
-   `min_remaining_factor × restart_delay_s` left. A job changes at most once per
-   round; opportunistic jobs are left alone.
+   their type using free GPUs (also restoring shrunk jobs), or any Cell of another
+   type (≤ max(current, N) GPUs without `grow_other_types`). Best Δ first; a step
+   must gain ≥ `min_gain` with ≥ `min_remaining_factor × restart_delay_s` left.
+   A job changes at most once per round; opportunistic jobs are left alone; a job
+   step 3 shrank or moved down waits `regrow_hold_s` (damps admit-then-halve /
+   re-grow cycles, counted as `oscillations`).
 5. *Hold.* The first still-blocked job becomes the head. With
    `opportunistic=False` (or when starved) its free GPUs are held: up to N free
    GPUs of its target type that no one else may use.
@@ -43,10 +47,8 @@ One round (on every arrival / completion / timer), in this order:
 Every Resize/Migrate charges `restart_delay_s` of checkpoint-restart as `pause_s`.
 
 `max_scale` = 4 by default: Crius's Cells stop at 2N (``max_scale=2``), but its
-successor Arena, whose simulation results we compare with, grows jobs by
-doubling up to 16 GPUs; on arena-philly 4N cuts average JCT by a third.
-A job started in this round may start on a larger Cell instead when GPUs stay
-idle after admission (no restart to pay).
+successor Arena grows jobs by doubling up to 16 GPUs. A job started in this
+round may start on a larger Cell instead when GPUs stay idle (no restart to pay).
 """
 
 from __future__ import annotations
@@ -59,8 +61,9 @@ from loom.core.jobs import Job
 from loom.core.protocols import POLICIES
 from loom.core.round import RoundPlan
 from loom.hardware.state import Allocation
+from loom.hardware.topology import Topology
 from loom.policies import params
-from loom.policies.crius_cells import CellBook, JobCells, Option
+from loom.policies.crius_cells import CellBook, JobCells, Option, TunedPlan
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +83,9 @@ class Crius:
     def __init__(self, search_depth: int = 8, admit_depth: int = 3, restart_delay_s: float = 30.0,
                  profiling_s_per_cell: float = 20.0, starvation_s: float = 3600.0, opportunistic: bool = True,
                  max_candidates: int = 16, min_gain: float = 0.05, min_remaining_factor: float = 10.0,
-                 max_scale: int = 4, admit_min_gain: float = -0.5) -> None:
+                 max_scale: int = 4, admit_min_gain: float = -0.5, tune_cells: int = 4,
+                 regrow_hold_s: float = 1800.0, grow_other_types: bool = True,
+                 run_while_profiling: bool = True) -> None:
         self.search_depth = params.integer(search_depth, "search_depth", low=0)
         self.admit_depth = params.integer(admit_depth, "admit_depth", low=0)
         self.restart_delay_s = params.number(restart_delay_s, "restart_delay_s", low=0)
@@ -92,19 +97,29 @@ class Crius:
         self.min_remaining_factor = params.number(min_remaining_factor, "min_remaining_factor", low=0)
         self.max_scale = params.integer(max_scale, "max_scale", low=1)
         self.admit_min_gain = params.number(admit_min_gain, "admit_min_gain")
+        self.tune_cells = params.integer(tune_cells, "tune_cells", low=0)
+        self.regrow_hold_s = params.number(regrow_hold_s, "regrow_hold_s", low=0)
+        self.grow_other_types = params.boolean(grow_other_types, "grow_other_types")
+        self.run_while_profiling = params.boolean(run_while_profiling, "run_while_profiling")
+        self.shrunk_at: dict[str, float] = {}  # job id → when admission last shrank or moved it down
         self.profiling_delay_s: dict[str, float] = {}
         self.held: Hold | None = None
         self.opportunistic_jobs: dict[str, str] = {}  # job id → the head whose GPUs it runs on
         self.stats = {"starts": 0, "resizes": 0, "migrations": 0, "admitted_by_rescaling": 0, "grown": 0,
-                      "opportunistic_starts": 0, "opportunistic_preemptions": 0, "starved_shrinks": 0}
+                      "opportunistic_starts": 0, "opportunistic_preemptions": 0, "starved_shrinks": 0,
+                      "oscillations": 0, "regrowths_held": 0, "profiling_starts": 0}
         self._book: CellBook | None = None
         self._topo_key: int | None = None
         self._timers: set[float] = set()
 
     def book(self, ctx: SchedulingContext) -> CellBook:
-        if self._book is None or self._topo_key != id(ctx.topology):
-            self._book = CellBook(ctx.topology, self.max_scale, self.profiling_s_per_cell)
-            self._topo_key = id(ctx.topology)
+        return self.book_for(ctx.topology)
+
+    def book_for(self, topology: Topology) -> CellBook:
+        """The Cells (and tuned plans) of the jobs seen on `topology`."""
+        if self._book is None or self._topo_key != id(topology):
+            self._book = CellBook(topology, self.max_scale, self.profiling_s_per_cell, self.tune_cells)
+            self._topo_key = id(topology)
         return self._book
 
     def cells_of(self, job: Job) -> JobCells:
@@ -185,6 +200,10 @@ class _Round:
     def remaining_s(self, job: Job) -> float:
         return self.plan.ctx.expected_end(job) - self.now
 
+    def tuned(self, job: Job, opt: Option) -> TunedPlan:
+        """The plan tuned for exactly `opt`'s GPUs (Cell-guided tuning; `CellBook.tuned`)."""
+        return self.p.book(self.ctx).tuned(job, opt.gpu_type, opt.gpus)
+
     def describe(self, opt: Option) -> str:
         return (f"{opt.gpus}×{opt.gpu_type}, {opt.stages} stage{'s' if opt.stages > 1 else ''} "
                 f"(cell throughput {opt.value:.2f}× requested)")
@@ -202,7 +221,9 @@ class _Round:
         return max(opts, key=lambda o: (o.value, -o.gpus), default=None)
 
     # -- actions ---------------------------------------------------------------
-    def start(self, job: Job, opt: Option, why: str) -> bool:
+    def start(self, job: Job, opt: Option, why: str, profiling: bool = False) -> bool:
+        """Start `job` on `opt` with its tuned plan; `profiling`: as submitted (its data-parallel
+        plan, Crius has no Cells for it yet) while its profiling runs."""
         alloc = self.place(job, opt.gpu_type, opt.gpus)
         if alloc is None:
             return False
@@ -215,7 +236,13 @@ class _Round:
             reason += f"; opportunistic while {head.job_id} waits"
             p.opportunistic_jobs[job.job_id] = head.job_id
             p.stats["opportunistic_starts"] += 1
-        self.plan.start(job, alloc, reason, opt.plan)
+        if profiling:
+            plan = p.book(self.ctx).throughputs.dp_plan(job.spec, opt.gpu_type, opt.gpus)
+            runs = f"data-parallel {plan.describe()}" if plan else "the speed model's plan"
+            self.plan.start(job, alloc, f"{reason}; runs as submitted ({runs}) while profiling", plan)
+        else:
+            tuned = self.tuned(job, opt)
+            self.plan.start(job, alloc, f"{reason}; {tuned.describe()}", tuned.plan)
         self.free[opt.gpu_type] -= opt.gpus
         self.touched.add(job.job_id)
         self.version += 1
@@ -266,7 +293,8 @@ class _Round:
         reason = (f"crius: {verb} {jid} on {self.describe(opt)}; idle GPUs, its Cell gains most from them "
                   f"(Δ throughput {delta:+.2f}); profiled {self.p.profiling_delay_s[jid]:.0f}s; "
                   f"{self.plan.placer.name} on {len(alloc.nodes)} node(s)")
-        decisions.append(kind(jid, alloc, reason, opt.plan))
+        tuned = self.tuned(job, opt)
+        decisions.append(kind(jid, alloc, f"{reason}; {tuned.describe()}", tuned.plan))
         self.fresh[jid] = decisions[-1]
         self.plan.started = [(j, alloc if j.job_id == jid else a) for j, a in self.plan.started]
         return True
@@ -287,12 +315,14 @@ class _Round:
             return False
         pause = self.p.restart_delay_s
         verb = "migrate" if opt.gpus == old.total and opt.gpu_type != old_type else "resize"
-        reason = f"crius: {verb} {job.job_id} {old.total}×{old_type} → {self.describe(opt)}; {why}; restart {pause:.0f}s"
+        tuned = self.tuned(job, opt)
+        reason = (f"crius: {verb} {job.job_id} {old.total}×{old_type} → {self.describe(opt)}; {why}; "
+                  f"restart {pause:.0f}s; {tuned.describe()}")
         if verb == "migrate":
-            self.plan.decisions.append(Migrate(job.job_id, alloc, reason, pause))
+            self.plan.decisions.append(Migrate(job.job_id, alloc, reason, pause, tuned.plan))
             self.p.stats["migrations"] += 1
         else:
-            self.plan.decisions.append(Resize(job.job_id, alloc, reason, opt.plan, pause))
+            self.plan.decisions.append(Resize(job.job_id, alloc, reason, tuned.plan, pause))
             self.p.stats["resizes"] += 1
         self.touched.add(job.job_id)
         return True
@@ -301,7 +331,7 @@ class _Round:
     def run(self) -> None:
         ctx, p = self.ctx, self.p
         pending = list(ctx.pending.values())
-        waiting = [j for j in pending if not self.ready(j)]
+        waiting = [j for j in pending if not self.ready(j)] + [j for j in ctx.running.values() if not self.ready(j)]
         if waiting:
             at = min(j.spec.submit_time + p.profiling_delay_s[j.job_id] for j in waiting)
             if at not in p._timers and at >= self.now:
@@ -314,6 +344,7 @@ class _Round:
         self.head_first()
         self.anti_starvation()
         self.admit_pass()
+        self.profile_pass([j for j in pending if not self.ready(j)])
         self.grow_pass()
         self.update_hold()
 
@@ -368,6 +399,8 @@ class _Round:
             if jt != t or jid in self.touched:
                 continue
             r = self.job_of[jid]
+            if not self.ready(r):
+                continue
             lower = [c for (tt, c) in self.options(r) if tt == t and c < alloc.total and 2 * c >= r.gpus]
             if lower:
                 shrinkable.append((alloc.total - min(lower), r, self.options(r)[(t, min(lower))]))
@@ -403,6 +436,19 @@ class _Round:
                     self.p.held = None if opt is None else Hold(job.job_id, opt.gpu_type, opt.gpus,
                                                                 hard=not self.p.opportunistic)
 
+    def profile_pass(self, profiling: list[Job]) -> None:
+        """`run_while_profiling`: a job still being profiled starts as submitted (its requested
+        type and count) where that fits without disturbing anyone; it is neither moved nor grown
+        before its Cells are known."""
+        if not self.p.run_while_profiling:
+            return
+        for job in profiling:
+            t = job.spec.gpu_type
+            if (t in self.free and self.avail(t, job) >= job.gpus and t != self.starved_type
+                    and self.start(job, Option(t, job.gpus, 1.0, 1, None), "as submitted while profiling",
+                                   profiling=True)):
+                self.p.stats["profiling_starts"] += 1
+
     def freeing_moves(self, gpu_type: str) -> list[tuple[float, int, Job, Option]]:
         """Per running job on `gpu_type`, its cheapest way to free GPUs there, as
         (value lost, GPUs freed, job, new option): shrink to its next lower Cell, or
@@ -417,7 +463,7 @@ class _Round:
             if t != gpu_type or jid in self.touched or jid in self.p.opportunistic_jobs:
                 continue
             r = self.ctx.running[jid]
-            if self.remaining_s(r) < self.p.restart_delay_s:
+            if self.remaining_s(r) < self.p.restart_delay_s or not self.ready(r):
                 continue
             now_v, options = self.current_value(r), self.options(r)
             lower = max((c for (t2, c) in options if t2 == gpu_type and c < alloc.total), default=0)
@@ -453,6 +499,7 @@ class _Round:
             if not self.rescale(r, new, f"made room for {job.job_id} (Δ throughput {-loss:+.2f})"):
                 self._restore(saved)
                 return False
+            self.p.shrunk_at[r.job_id] = self.now
         if not self.start(job, opt, f"admitted after {len(chosen)} rescale(s), Δ cluster throughput {total:+.2f}"):
             self._restore(saved)
             return False
@@ -506,11 +553,15 @@ class _Round:
             if (jid in self.touched and jid not in self.fresh) or jid in p.opportunistic_jobs:
                 continue
             r = self.job_of[jid]
-            if jid not in self.fresh and self.remaining_s(r) < p.min_remaining_factor * p.restart_delay_s:
+            if not self.ready(r) or (jid not in self.fresh
+                                     and self.remaining_s(r) < p.min_remaining_factor * p.restart_delay_s):
+                continue
+            if self.now - p.shrunk_at.get(jid, -float("inf")) < p.regrow_hold_s:
+                p.stats["regrowths_held"] += 1
                 continue
             now_v = self.current_value(r)
             for (t2, c), o in self.options(r).items():
-                if (c <= alloc.total) if t2 == t else (c > max(alloc.total, r.gpus)):
+                if (c <= alloc.total) if t2 == t else (not p.grow_other_types and c > max(alloc.total, r.gpus)):
                     continue
                 if o.value - now_v >= p.min_gain:
                     candidates.append((o.value - now_v, jid, o))
@@ -536,6 +587,8 @@ class _Round:
             if self.rescale(r, o, f"{kind} (Δ throughput {delta:+.2f})"):
                 p.stats["grown"] += 1
                 steps += 1
+                if p.shrunk_at.pop(jid, None) is not None:  # made room for a job, now grown back
+                    p.stats["oscillations"] += 1
 
     def update_hold(self) -> None:
         """Admission made the first blocked job the head; nobody blocked → no head."""

@@ -8,6 +8,17 @@ and N GPUs; the best N-GPU Cell of any type when it asked for no type or that
 does not fit in memory): 1.0 = as requested. A job without a `loom.perf` preset
 has one option per allowed type, N GPUs, worth 1.0.
 
+Plans (cell-guided tuning, Crius §5.2): the value of an option ranks with the
+Cell estimate (one cheap grid sample per Cell); the plan a job *runs* on the
+(type, count) it gets is tuned for exactly those GPUs when the decision is
+made: the Cells of that count (stage counts 1, 2, 4, …) are estimated for the
+job as the speed model runs it there (its batch rule at that count), the
+`tune_cells` best-ranked are tuned inside (`loom.perf.cells.tune_cell`, each
+stage's preferred half), and the fastest tuned plan expressible as one uniform
+`ParallelPlan` (re-priced as the estimator prices that plan) wins; the Cell's
+sampled plan is the fallback. Tuned plans are kept per (model, batch, type,
+count), so each shape is tuned once per run.
+
 Profiling delay: Crius profiles every Cell's stages on single devices, GPU
 types in parallel, so a job is ready ``max over types (that type's Cells ×
 profiling_s_per_cell)`` after it arrives.
@@ -22,8 +33,15 @@ import numpy as np
 from loom.core.jobs import Job
 from loom.core.plan import ParallelPlan
 from loom.hardware.topology import Topology
-from loom.perf.cells import CellEstimate, build_cells
-from loom.perf.inputs import Hardware, estimator_job, trace_batch
+from loom.perf.cells import CellEstimate, build_cells, tune_cell
+from loom.perf.estimator import Estimate, Estimator
+from loom.perf.inputs import (
+    Hardware,
+    PlanError,
+    TrainingJob,
+    estimator_job,
+    trace_batch,
+)
 from loom.perf.presets import preset_names
 from loom.policies.throughput import Throughputs
 
@@ -37,6 +55,22 @@ class Option:
     value: float  # throughput relative to the job as requested
     stages: int
     plan: ParallelPlan | None
+
+
+@dataclass(frozen=True, slots=True)
+class TunedPlan:
+    """The plan a job runs on one (type, count), and how it was found (for decision reasons)."""
+
+    plan: ParallelPlan | None
+    iteration_s: float  # as the estimator prices `plan` packed (inf: nothing fits)
+    sampled_s: float  # the best Cell's grid-sampled plan, same pricing (inf: none)
+    cells_tuned: int
+
+    def describe(self) -> str:
+        if self.plan is None:
+            return "no tuned plan fits (the speed model's choice)"
+        gain = f", {self.sampled_s / self.iteration_s:.2f}× its Cell's sampled plan" if self.sampled_s < float("inf") else ""
+        return f"runs {self.plan.describe()} (tuned in {self.cells_tuned} Cell(s){gain})"
 
 
 @dataclass(slots=True)
@@ -59,8 +93,11 @@ def cell_counts(n: int, max_scale: int) -> list[int]:
 class CellBook:
     """Cells of every job seen, built once per job for one topology."""
 
-    def __init__(self, topology: Topology, max_scale: int, profiling_s_per_cell: float) -> None:
+    def __init__(self, topology: Topology, max_scale: int, profiling_s_per_cell: float, tune_cells: int = 4) -> None:
         self.max_scale = max_scale
+        self.tune_cells = tune_cells
+        self.estimator = Estimator()
+        self._tuned: dict[tuple, TunedPlan] = {}
         self.profiling_s_per_cell = profiling_s_per_cell
         self.hardware: dict[str, Hardware] = {}
         self.type_masks: dict[str, np.ndarray] = {}
@@ -81,6 +118,44 @@ class CellBook:
     def value(self, job: Job, gpu_type: str, gpus: int) -> float:
         opt = self.of(job).options.get((gpu_type, gpus))
         return opt.value if opt else 0.0
+
+    def tuned(self, job: Job, gpu_type: str, gpus: int) -> TunedPlan:
+        """The plan `job` runs on `gpus` GPUs of `gpu_type` (see the module docstring)."""
+        spec = job.spec
+        if not spec.model or spec.model not in preset_names() or gpu_type not in self.hardware:
+            return TunedPlan(None, float("inf"), float("inf"), 0)
+        batch = trace_batch(spec.batch_size)
+        key = (spec.model, batch, gpu_type, gpus)
+        found = self._tuned.get(key)
+        if found is None:
+            tj, _ = estimator_job(spec.model, batch, gpus)  # the speed model's batch rule at this count
+            found = self._tuned[key] = self._tune(tj, self.hardware[gpu_type], gpus)
+        return found
+
+    def _tune(self, tj: TrainingJob, hardware: Hardware, gpus: int) -> TunedPlan:
+        ranked = [ce for ce in build_cells(tj, gpus, {hardware.gpu_type: hardware}, self.estimator, counts=[gpus])
+                  if ce.estimate is not None]
+        sampled = min((self._priced(tj, hardware, gpus, ce.estimate) for ce in ranked),
+                      key=lambda e: e.iteration_s if e else float("inf"), default=None)
+        best = sampled
+        for ce in ranked[: self.tune_cells]:
+            priced = self._priced(tj, hardware, gpus, tune_cell(tj, ce, hardware, self.estimator).estimate)
+            if priced is not None and (best is None or priced.iteration_s < best.iteration_s * (1 - 1e-12)):
+                best = priced
+        inf = float("inf")
+        return TunedPlan(best.plan if best else None, best.iteration_s if best else inf,
+                         sampled.iteration_s if sampled else inf, min(len(ranked), self.tune_cells))
+
+    def _priced(self, tj: TrainingJob, hardware: Hardware, gpus: int, found: Estimate | None) -> Estimate | None:
+        """`found`'s plan re-priced as one uniform plan (as the speed model prices it); None if
+        it is not one (uneven stages) or does not fit."""
+        if found is None or found.plan.world_size != gpus:
+            return None
+        try:
+            priced = self.estimator.estimate(tj, hardware, found.plan)
+        except PlanError:
+            return None
+        return priced if priced.feasible else None
 
     def _build(self, job: Job) -> JobCells:
         spec, n = job.spec, job.gpus
@@ -139,4 +214,4 @@ class CellBook:
         return options
 
 
-__all__ = ["CellBook", "JobCells", "Option", "cell_counts"]
+__all__ = ["CellBook", "JobCells", "Option", "TunedPlan", "cell_counts"]

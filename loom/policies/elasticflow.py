@@ -69,7 +69,7 @@ from loom.policies.elastic_common import (
     healthy_capacities,
     power_sizes,
 )
-from loom.policies.throughput import Throughputs
+from loom.policies.throughput import Throughputs, with_dp_plans
 
 ON_MISS = ("best-effort", "hold")
 
@@ -464,6 +464,6 @@ class ElasticFlow:
 
         plan = RoundPlan(ctx)
         apply_targets(plan, targets, self.pause_s, reason)
-        return plan.decisions
+        return with_dp_plans(plan.decisions, ctx, self._tp)
 
 

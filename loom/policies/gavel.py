@@ -96,7 +96,7 @@ from loom.core.protocols import POLICIES
 from loom.hardware.state import Allocation, ClusterState
 from loom.policies import params
 from loom.policies.gavel_lp import OBJECTIVES, solve_allocation
-from loom.policies.throughput import Throughputs
+from loom.policies.throughput import Throughputs, with_dp_plans
 
 EPS = 1e-3
 TINY = 1e-9
@@ -303,7 +303,7 @@ class Gavel:
             self._next_round = now + self.round_s
             decisions.append(Timer(self._next_round, f"gavel: next {self.round_s:.0f}s round"))
         self.round_latencies.append((now, time.perf_counter() - clock, "round" if full else "fill"))
-        return decisions
+        return with_dp_plans(decisions, ctx, self._throughputs(ctx))
 
     @staticmethod
     def _type_free(ctx: SchedulingContext, state: ClusterState) -> np.ndarray:

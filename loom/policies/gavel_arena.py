@@ -105,7 +105,7 @@ from loom.policies import params
 from loom.policies.elastic_common import healthy_capacities, place_on
 from loom.policies.move_search import JobGroup, NoGainProofs, SearchLimit
 from loom.policies.sia_arena import ArenaRounds, SiaArena
-from loom.policies.throughput import Throughputs
+from loom.policies.throughput import Throughputs, with_dp_plans
 from loom.workload.job import JobSpec
 
 THR_SCALE = 1e4  # MIP objective unit: 1e-4 iterations/s
@@ -224,7 +224,7 @@ class GavelArena:
                 continue
             self._fit(plan, job)
         self._rounds.live = live
-        return plan.decisions
+        return with_dp_plans(plan.decisions, ctx, self._tp)
 
     # -- admission control: the MIP -----------------------------------------------
     def _solve(self, rows: list[tuple[int, ...]], sizes: list[int], prev: list[int],

@@ -31,14 +31,23 @@ Rules as built here
   configuration are preempted; a running job whose new shape cannot be placed
   keeps its GPUs this round.
 
+* **Profiling.** Sia profiles a new job before it first runs: one single-GPU
+  profile per GPU type, types in parallel (Sia §4: a few batch sizes on one GPU
+  of each type bootstrap its goodput model), so a job joins the rounds
+  `profiling_s` after it arrives — one Crius Cell's profile, where Crius
+  profiles every Cell of every type (issue 23: every policy that profiles pays
+  for it). An idle cluster opens a round as soon as a job is profiled.
+
 Parameters: `round_s` (in [1, 3600], default 120), `p` (< 1, default −0.5),
-`pause_s` (≥ 0, default 30), `max_scale` (integer ≥ 1, default 4).
+`pause_s` (≥ 0, default 30), `max_scale` (integer ≥ 1, default 4),
+`profiling_s` (≥ 0, default 20).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Collection
 
 from loom.core.context import SchedulingContext
 from loom.core.decisions import Decision, Timer
@@ -53,7 +62,7 @@ from loom.policies.elastic_common import (
     power_sizes,
     type_of,
 )
-from loom.policies.throughput import Throughputs
+from loom.policies.throughput import Throughputs, with_dp_plans
 
 EPSILON = 1e-3  # goodput of "no GPUs" in the utility (x^p is infinite at 0 for p < 0)
 
@@ -62,11 +71,13 @@ EPSILON = 1e-3  # goodput of "no GPUs" in the utility (x^p is infinite at 0 for 
 class Sia:
     name = "sia"
 
-    def __init__(self, round_s: float = 120.0, p: float = -0.5, pause_s: float = 30.0, max_scale: int = 4) -> None:
+    def __init__(self, round_s: float = 120.0, p: float = -0.5, pause_s: float = 30.0, max_scale: int = 4,
+                 profiling_s: float = 20.0) -> None:
         self.round_s = params.number(round_s, "round_s", low=1, high=3600)
         self.p = params.number(p, "p", high=1, high_open=True)
         self.pause_s = params.number(pause_s, "pause_s", low=0)
         self.max_scale = params.integer(max_scale, "max_scale", low=1)
+        self.profiling_s = params.number(profiling_s, "profiling_s", low=0)
         self.next_round = -math.inf
         self.rounds_solved = 0
         self._tp: Throughputs | None = None
@@ -83,6 +94,11 @@ class Sia:
             return []
         if ctx.now < self.next_round:
             return []  # between rounds (a Timer for the next one is outstanding)
+        profiling = {j.job_id: j.spec.submit_time + self.profiling_s for j in ctx.pending.values()
+                     if j.first_start is None and ctx.now < j.spec.submit_time + self.profiling_s - 1e-9}
+        if not ctx.running and len(profiling) == len(ctx.pending):  # idle: a round once a job is profiled
+            self.next_round = min(profiling.values())
+            return [Timer(self.next_round, f"sia: {len(profiling)} job(s) profiling until then")]
         self.next_round = ctx.now + self.round_s
         if self._tp is None or self._tp.topology is not ctx.topology:
             self._tp = Throughputs(ctx.topology)
@@ -90,7 +106,7 @@ class Sia:
         live = ctx.running.keys() | ctx.pending.keys()
         for gone in [key for key in self._curves if key[0] not in live]:
             del self._curves[gone]
-        targets = self._solve(ctx)
+        targets = self._solve(ctx, profiling.keys())
         self.rounds_solved += 1
         plan = RoundPlan(ctx)
 
@@ -102,7 +118,7 @@ class Sia:
 
         apply_targets(plan, targets, self.pause_s, reason)
         plan.decisions.append(Timer(self.next_round, f"sia: next round in {self.round_s:.0f}s"))
-        return plan.decisions
+        return with_dp_plans(plan.decisions, ctx, self._tp)
 
     def _curve(self, job: Job, gpu_type: str) -> list[tuple[int, float, float, float]]:
         """(GPUs, normalised goodput, its utility, utility after the restart discount) per
@@ -120,10 +136,12 @@ class Sia:
             self._curves[key] = curve
         return curve
 
-    def _solve(self, ctx: SchedulingContext) -> dict[str, Target]:
+    def _solve(self, ctx: SchedulingContext, profiling: Collection[str] = ()) -> dict[str, Target]:
+        """Targets for the running jobs and the pending ones already profiled."""
         topo, state = ctx.topology, ctx.state
         free = {t: healthy_capacity(state, t) for t in topo.gpu_types}
-        jobs = sorted([*ctx.running.values(), *ctx.pending.values()], key=lambda j: j.key)
+        jobs = sorted([*ctx.running.values(), *(j for j in ctx.pending.values() if j.job_id not in profiling)],
+                      key=lambda j: j.key)
         options: dict[str, dict[str, list[tuple[int, float]]]] = {}  # job → type → [(gpus, utility)]
         current: dict[str, Target | None] = {}
         for job in jobs:

@@ -74,7 +74,7 @@ from loom.core.protocols import POLICIES
 from loom.core.round import RoundPlan
 from loom.policies import params
 from loom.policies.elastic_common import place_on, power_sizes, type_of
-from loom.policies.throughput import Throughputs
+from loom.policies.throughput import Throughputs, with_dp_plans
 
 EPS = 1e-6
 P_FAIRNESS = 0.5  # Arena's p_fairness: utility = (f · goodput) ** 0.5
@@ -182,7 +182,7 @@ class SiaArena:
                 continue
             self._fit(plan, job, touched)
         self._rounds.live = live
-        return plan.decisions
+        return with_dp_plans(plan.decisions, ctx, self._tp)
 
     def _fit(self, plan: RoundPlan, job: Job, touched: set[str]) -> bool:
         config = self._best_config(plan, job)

@@ -5,6 +5,10 @@
 actually achieves once started); `dp_only=True` gives the data-parallel
 scaling estimate the baselines decide with (Crius §7: Gavel, Sia and
 ElasticFlow allocate from DP scaling, but run jobs with the best plan).
+`dp_plan` is the plan behind that DP estimate, which `with_dp_plans` attaches to a
+baseline's decisions: under the speed model's default ``plans: decided`` rule the
+baselines run the data-parallel plan they decided with (as their papers run jobs),
+under ``plans: best`` the speed model's best plan like every other policy.
 Jobs without a `loom.perf` model preset fall back to linear scaling of their
 requested size (rate ∝ GPUs, the trace semantics). Memoised per
 (model, batch, type, count, GPUs per node, dp_only); `of` and `normalised`
@@ -16,8 +20,12 @@ unchanged).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
+from loom.core.context import SchedulingContext
+from loom.core.decisions import Decision, Migrate, Resize, Resume, Start
+from loom.core.plan import ParallelPlan
 from loom.hardware.topology import Topology
 from loom.perf.estimator import Estimator
 from loom.perf.inputs import (
@@ -62,7 +70,15 @@ class Throughputs:
         if not spec.model or spec.model not in self._presets:
             return gpus / spec.gpus  # trace semantics: the requested size runs at rate 1
         return self._cached(spec.model, trace_batch(spec.batch_size, self.default_batch), gpu_type, gpus,
-                            self._gpus_per_node(gpu_type), dp_only)
+                            self._gpus_per_node(gpu_type), dp_only)[0]
+
+    def dp_plan(self, spec: JobSpec, gpu_type: str, gpus: int) -> ParallelPlan | None:
+        """The data-parallel plan behind `of(..., dp_only=True)` (tp = pp = 1, best micro-batch,
+        ZeRO stage and recomputation), None when it does not fit in memory or the job has no preset."""
+        if gpus <= 0 or not spec.model or spec.model not in self._presets:
+            return None
+        return self._cached(spec.model, trace_batch(spec.batch_size, self.default_batch), gpu_type, gpus,
+                            self._gpus_per_node(gpu_type), True)[1]
 
     def runs(self, spec: JobSpec, gpu_type: str, gpus: int) -> bool:
         """Whether `of(spec, gpu_type, gpus) > 0` (some plan fits), without finding the best plan."""
@@ -113,11 +129,31 @@ class Throughputs:
         job, scale = estimator_job(model, batch, gpus)
         return job, scale, Hardware(gpu_type, gpus_per_node=per_node)
 
-    def _compute(self, model: str, batch: int, gpu_type: str, gpus: int, per_node: int, dp_only: bool) -> float:
+    def _compute(self, model: str, batch: int, gpu_type: str, gpus: int, per_node: int, dp_only: bool
+                 ) -> tuple[float, ParallelPlan | None]:
+        """(iterations per second, the plan when it fits in memory)."""
         job, scale, hardware = self._inputs(model, batch, gpu_type, gpus, per_node)
         choices = Choices(tp=1, pp=1, vpp=1) if dp_only else Choices(vpp=1)
         # DP-only plans that do not fit in memory: the baseline still believes DP scaling
         best = fastest_plan(job, hardware, gpus, choices=choices, estimator=self.estimator, or_unfit=dp_only)
         if best is None or not (best.feasible or dp_only):
-            return 0.0
-        return scale / best.iteration_s
+            return 0.0, None
+        return scale / best.iteration_s, best.plan if best.feasible else None
+
+
+def with_dp_plans(decisions: list[Decision], ctx: SchedulingContext, throughputs: Throughputs) -> list[Decision]:
+    """`decisions` with every Start/Resume/Migrate/Resize that carries no plan given the job's
+    data-parallel plan for the GPUs it gets (`Throughputs.dp_plan`), named in its reason; a job
+    that fits no data-parallel plan keeps none (the speed model's best plan: the only way it runs)."""
+    topo = ctx.topology
+    out: list[Decision] = []
+    for d in decisions:
+        if isinstance(d, (Start, Resume, Migrate, Resize)) and d.plan is None:
+            job = ctx.running.get(d.job_id) or ctx.pending.get(d.job_id) or ctx.starting.get(d.job_id)
+            if job is not None:
+                gpu_type = topo.gpu_types[int(topo.node_type[d.allocation.nodes[0]])]
+                plan = throughputs.dp_plan(job.spec, gpu_type, d.allocation.total)
+                if plan is not None:
+                    d = replace(d, plan=plan, reason=f"{d.reason}; runs data-parallel {plan.describe()}")
+        out.append(d)
+    return out

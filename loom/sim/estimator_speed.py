@@ -23,6 +23,13 @@ Documented rules:
 - when no plan fits in GPU memory (e.g. a 10B MoE on one 16 GB V100: the
   estimator does not model expert parallelism or offload), the job is priced
   by the fastest plan ignoring memory, and counted in `memory_overrides`;
+- ``plans`` is the fairness switch of a policy comparison (one rule for every
+  policy): ``"decided"`` (default) prices the plan each job's decision carried
+  (`Start.plan`, `Resize.plan`, `Migrate.plan`: Crius its tuned Cell plan, the
+  DP-scaling baselines their data-parallel plan, as their papers run jobs); a
+  job whose policy decided no plan runs the best plan for its GPUs.
+  ``"best"`` ignores decided plans and gives every job the best plan the
+  estimator finds for the GPUs it holds (an oracle tuner for everyone);
 - interference (Arnold Appendix D: up to ~5% when other jobs load the same
   minipod uplinks): a job whose groups span several minipods runs
   `1 − interference × load` slower, where load = share of the GPUs in the
@@ -62,6 +69,7 @@ from loom.perf.search import Choices, fastest_plan
 from loom.workload.job import JobSpec
 
 TRACE_MODEL_RULES = ("keep", "by-size")
+PLAN_RULES = ("decided", "best")
 
 
 @SPEED_MODELS.register("estimator")
@@ -71,7 +79,8 @@ class EstimatorSpeed:
     name = "estimator"
 
     def __init__(self, default_batch: int = DEFAULT_BATCH, placement_aware: bool = True,
-                 interference: float = 0.05, trace_models: str = "keep", iteration_scale: float = 1.0) -> None:
+                 interference: float = 0.05, trace_models: str = "keep", iteration_scale: float = 1.0,
+                 plans: str = "decided") -> None:
         if not iteration_scale > 0:
             raise LoomInputError(f"must be > 0, got {iteration_scale!r}", field="speed_model.params.iteration_scale")
         self.iteration_scale = iteration_scale  # Arena's simulator runs trace iterations / 5 (0.2)
@@ -80,6 +89,10 @@ class EstimatorSpeed:
                                  field="speed_model.params.trace_models")
         if not 0.0 <= interference < 1.0:
             raise LoomInputError(f"must be in [0, 1), got {interference!r}", field="speed_model.params.interference")
+        if plans not in PLAN_RULES:
+            raise LoomInputError(f"must be one of {', '.join(PLAN_RULES)}, got {plans!r}",
+                                 field="speed_model.params.plans")
+        self.plans = plans
         self.default_batch = default_batch
         self.placement_aware = placement_aware
         self.interference = interference
@@ -110,9 +123,30 @@ class EstimatorSpeed:
         batch = trace_batch(spec.batch_size, self.default_batch)
         reference = self._best(model, batch, spec.gpu_type or gpu_type, spec.gpus,
                                topology.gpus_per_node(spec.gpu_type or gpu_type))
-        plan = job.plan if job.plan is not None and job.plan.world_size == allocation.total else None
+        plan = self.plan_of(job, allocation)
         actual = self._actual(model, batch, gpu_type, per_node, allocation, plan, topology)
         return reference[0] * reference[1] / (actual * self._interference(allocation, topology, job))
+
+    def plan_quality(self, job: Job, allocation: Allocation, topology: Topology) -> float:
+        """Speed of the plan `job` runs on `allocation` over the best plan's on the same GPUs and
+        placement (1.0: as good as the speed model's own tuner; jobs without a model: 1.0)."""
+        spec = job.spec
+        model = self.model_of(spec)
+        plan = self.plan_of(job, allocation)
+        if model is None or plan is None:
+            return 1.0
+        gpu_type = topology.gpu_types[int(topology.node_type[allocation.nodes[0]])]
+        per_node = topology.gpus_per_node(gpu_type)
+        batch = trace_batch(spec.batch_size, self.default_batch)
+        best = self._actual(model, batch, gpu_type, per_node, allocation, None, topology)
+        return best / self._actual(model, batch, gpu_type, per_node, allocation, plan, topology)
+
+    def plan_of(self, job: Job, allocation: Allocation) -> ParallelPlan | None:
+        """The plan priced for `job` on `allocation` under the `plans` rule (None: the best plan)."""
+        plan = job.plan
+        if self.plans == "best" or plan is None or plan.world_size != allocation.total:
+            return None
+        return plan
 
     def model_of(self, spec: JobSpec) -> str | None:
         """The preset that prices this job, by the documented rule (None: trace semantics)."""
