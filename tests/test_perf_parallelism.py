@@ -6,13 +6,17 @@ from __future__ import annotations
 import pytest
 
 from loom.core.plan import ParallelPlan
+from loom.errors import LoomInputError
 from loom.perf import preset
 from loom.perf.calibration import Calibration
+from loom.perf.comm import GroupShape
 from loom.perf.context import kv_chunk_bytes, ring_group, ring_passes
 from loom.perf.estimator import Estimator, uniform_stages
 from loom.perf.inputs import Hardware, PlanError, TrainingJob, check_plan
 from loom.perf.memory import layer_activation_bytes
 from loom.perf.model import ModelSpec
+from loom.perf.moe import ep_group, expert_params_per_layer
+from loom.perf.sync import zero3_exposed
 
 # An explicit calibration, so the pinned prices below do not move when the bundled one is refitted.
 CAL = Calibration(gemm_efficiency=0.7, link_efficiency=0.7, memory_efficiency=0.8, half_bw_intra_mb=8.0,
@@ -127,3 +131,115 @@ def test_plan_cache_keeps_cp_and_ep(tmp_path):
     plan = ParallelPlan(dp=4, tp=2, pp=2, micro_batch=1, zero_stage=1, cp=2, ep=4)
     cache.put("k", plan)
     assert PlanCache(tmp_path / "plans.sqlite").get("k") == (True, plan)
+
+
+# -- MoE presets ---------------------------------------------------------------------------
+@pytest.mark.parametrize(("name", "total", "active"), [
+    ("mixtral-8x7b", 46.7e9, 12.9e9), ("mixtral-8x22b", 141e9, 39e9), ("deepseek-v3", 671e9, 37e9),
+    ("qwen3-30b-a3b", 30.5e9, 3.3e9), ("gpt-oss-120b", 116.8e9, 5.13e9),
+])
+def test_moe_presets_count_published_total_and_active_params(name, total, active):
+    model = preset(name)
+    counted_active = model.activated_params()
+    if name == "gpt-oss-120b":  # OpenAI's active count leaves out the input embedding (a lookup)
+        counted_active -= model.vocab * model.hidden
+    assert model.total_params() == pytest.approx(total, rel=0.01)
+    assert counted_active == pytest.approx(active, rel=0.02)
+
+
+def test_head_dim_shared_experts_and_first_dense_layers_are_counted_by_hand():
+    m = ModelSpec(name="m", layers=4, hidden=64, heads=4, head_dim=32, kv_heads=2, ffn_hidden=256,
+                  expert_ffn_hidden=32, experts=8, top_k=2, shared_experts=1, first_dense_layers=1, seq_len=64,
+                  vocab=100, mlp="swiglu", bias=False, norm="rmsnorm", position="rope", tied_embeddings=False)
+    assert (m.attention_width, m.moe_layers, m.dense_layers) == (128, 3, 1)
+    attention = 2 * 64 * 128 + 2 * 64 * 64
+    dense_layer = attention + 3 * 64 * 256 + 2 * 64
+    moe_layer = attention + (8 + 1) * 3 * 64 * 32 + 64 * 8 + 2 * 64
+    assert m.total_params() == 2 * 100 * 64 + 64 + dense_layer + 3 * moe_layer
+    assert m.activated_params() == m.total_params() - 3 * (8 - 2) * 3 * 64 * 32
+    with pytest.raises(LoomInputError) as info:
+        ModelSpec(name="d", layers=2, hidden=64, heads=4, seq_len=64, vocab=100, shared_experts=1)
+    assert info.value.field == "shared_experts"
+
+
+# -- expert parallelism --------------------------------------------------------------------
+MIXTRAL = TrainingJob(preset("mixtral-8x7b"), 64)
+
+
+def test_ep_shards_expert_states_and_keeps_compute():
+    """ZeRO 0, tp = pp = 1: ep=8 drops 16 bytes × 7/8 of every routed expert parameter; the
+    expert GEMMs per rank stay those of top_k experts (balanced routing)."""
+    one = EST.estimate(MIXTRAL, H100, ParallelPlan(dp=8, micro_batch=1, recompute="full"))
+    sharded = EST.estimate(MIXTRAL, H100, ParallelPlan(dp=8, micro_batch=1, recompute="full", ep=8))
+    experts = expert_params_per_layer(MIXTRAL.model) * MIXTRAL.model.layers
+    saved = 16.0 * experts * (1 - 1 / 8) / 2**30
+    assert one.memory_gib_per_gpu - sharded.memory_gib_per_gpu == pytest.approx(saved, rel=1e-9)
+    assert breakdown(one)["compute"] == breakdown(sharded)["compute"]
+    assert breakdown(sharded)["ep_comm"] > 0.0 and sharded.as_dict()["plan"]["ep"] == 8
+
+
+def test_all_to_all_is_four_per_moe_layer_of_tokens_h_topk_bytes():
+    plan = ParallelPlan(dp=8, tp=2, micro_batch=1, ep=4, recompute="selective")
+    estimate = EST.estimate(MIXTRAL, H100, plan)
+    stage = uniform_stages(MIXTRAL, H100, plan)[0]
+    m = MIXTRAL.model
+    nbytes = 1 * m.seq_len / 2 * m.hidden * m.top_k * 2.0  # s/tp tokens, top_k copies, bf16
+    one = EST.comm.all_to_all(nbytes, ep_group(stage), H100.links())
+    micro_batches = 64 // 8
+    assert breakdown(estimate)["ep_comm"] == pytest.approx(micro_batches * m.layers * 4 * one, rel=1e-12)
+    assert ep_group(stage).per_node == 4  # tp·ep = 8: inside a node
+
+
+def test_all_to_all_by_hand_and_across_nodes():
+    comm, links = EST.comm, H100.links()
+    inside = comm.all_to_all(64e6, GroupShape(size=8, per_node=8), links)
+    peer = 8e6
+    bw = links.intra_node_gbps * 1e9 * CAL.link_efficiency * peer / (peer + CAL.half_bw_intra_mb * 1e6)
+    assert inside == pytest.approx(CAL.latency_intra_us * 1e-6 + 7 * peer / bw, rel=1e-12)
+    across = comm.all_to_all(64e6, GroupShape(size=16, per_node=8), links)
+    assert across > inside  # half of each rank's data leaves the node over its NIC share
+
+
+def test_capacity_factor_pads_expert_compute_and_all_to_all_not_model_flops():
+    plan = ParallelPlan(dp=8, micro_batch=1, ep=8, recompute="full")
+    balanced = EST.estimate(MIXTRAL, H100, plan)
+    padded = EST.estimate(TrainingJob(preset("mixtral-8x7b"), 64, capacity_factor=1.5), H100, plan)
+    assert breakdown(padded)["compute"] > breakdown(balanced)["compute"]
+    assert 1.15 * breakdown(balanced)["ep_comm"] < breakdown(padded)["ep_comm"] < 1.5 * breakdown(balanced)["ep_comm"]
+    model_flops = padded.tflops_per_gpu * padded.iteration_s
+    assert model_flops == pytest.approx(balanced.tflops_per_gpu * balanced.iteration_s, rel=1e-12)
+    with pytest.raises(LoomInputError) as info:
+        TrainingJob(preset("mixtral-8x7b"), 64, capacity_factor=0.5)
+    assert info.value.field == "capacity_factor"
+
+
+@pytest.mark.parametrize(("plan", "needle"), [
+    (ParallelPlan(dp=8, ep=3), r"ep=3 must divide experts \(8\) and dp·cp \(8\).*nearest: ep=2 or ep=4"),
+    (ParallelPlan(dp=2, ep=4), r"ep=4 must divide experts \(8\) and dp·cp \(2\).*nearest: ep=2"),
+])
+def test_ep_refusals_name_the_rule_and_the_nearest_ep(plan, needle):
+    with pytest.raises(PlanError, match=needle) as info:
+        check_plan(MIXTRAL, plan)
+    assert info.value.field == "ep"
+
+
+def test_ep_folds_into_dp_cp_ranks():
+    check_plan(MIXTRAL, ParallelPlan(dp=2, cp=2, ep=4), gpus=4)  # ep spans dp·cp = 4: no extra GPUs
+
+
+# -- ZeRO-3 prefetch -----------------------------------------------------------------------
+def test_zero3_prefetch_exposes_each_pass_excess_only():
+    assert zero3_exposed(compute=3.0, backward=2.0, forward_gathers=0.5, backward_gathers=1.5) == 0.0
+    # the forward pass has a third of the compute to hide its gathers behind: 2 − 1 shows
+    assert zero3_exposed(compute=3.0, backward=2.0, forward_gathers=2.0, backward_gathers=1.0) == 1.0
+    assert zero3_exposed(compute=3.0, backward=2.0, forward_gathers=2.0, backward_gathers=3.0) == 2.0
+
+
+def test_zero3_memory_holds_two_gathered_layers():
+    job = TrainingJob(small_gpt(), 64)
+    z2 = EST.estimate(job, H100, ParallelPlan(dp=8, zero_stage=2))
+    z3 = EST.estimate(job, H100, ParallelPlan(dp=8, zero_stage=3))
+    psi = job.model.total_params()  # one stage: every parameter
+    weights_saved = 2.0 * psi * (1 - 1 / 8)
+    buffer = 2.0 * 2.0 * psi / job.model.layers * (1 - 1 / 8)
+    assert z2.memory_gib_per_gpu - z3.memory_gib_per_gpu == pytest.approx((weights_saved - buffer) / 2**30, rel=1e-9)

@@ -108,22 +108,25 @@ class BusBandwidthComm:
         (MoE token dispatch and combine). Unlike a ring collective nothing is aggregated inside a
         node first: of the (n − 1)/n · S leaving a rank, (k − 1)/n · S go over NVLink to the k − 1
         peers in its node and (n − k)/n · S over its own NIC share to the other nodes. The two
-        run at once, so the slower sets the time, plus one start-up latency per phase used."""
+        run at once, so the slower sets the time, plus one start-up latency per phase used. The
+        transfers are n − 1 concurrent point-to-point sends of S/n each, so the per-peer message
+        sets the saturation (P2P's S½ across nodes, the intra-node one inside)."""
         n = group.size
         if n <= 1 or nbytes <= 0:
             return 0.0
         cal = self.cal
         k = min(n, group.per_node)
+        peer = nbytes / n
         intra = 0.0
         if k > 1:
-            bw = links.intra_node_gbps * GB * cal.link_efficiency * nbytes / (nbytes + self._intra_half)
-            intra = (k - 1) / n * nbytes / bw
+            bw = links.intra_node_gbps * GB * cal.link_efficiency * saturation(peer, cal.half_bw_intra_mb)
+            intra = (k - 1) * peer / bw
         if k >= n:
             return self._intra_latency + intra
         loss = minipod_loss(cal.minipod_loss_collective, group.minipods, cal.saturate_minipods)
-        bw = links.nic_gbps * GB * cal.link_efficiency * nbytes / (nbytes + self._inter_half)
+        bw = links.nic_gbps * GB * cal.link_efficiency * saturation(peer, cal.half_bw_p2p_mb)
         bw *= (1.0 - loss) / group.oversubscription
-        inter = (n - k) / n * nbytes / bw
+        inter = (n - k) * peer / bw
         return self._inter_latency + max(intra, inter)
 
     def send(self, nbytes: float, group: GroupShape, links: Links) -> float:
@@ -151,7 +154,7 @@ class BusBandwidthComm:
         if n <= 1 or nbytes <= 0:
             return 0.0
         cal = self.cal
-        k = group.per_node if group.per_node < n else n
+        k = min(n, group.per_node)
         intra = 0.0
         if k > 1:
             bw = links.intra_node_gbps * GB * cal.link_efficiency * nbytes / (nbytes + self._intra_half)
@@ -164,4 +167,4 @@ class BusBandwidthComm:
         bw *= (1.0 - loss) / group.oversubscription
         inter = passes * (nodes - 1) / nodes * nbytes / bw
         steps = math.log2(nodes) + 1.0  # tree/ring start-up grows slowly with nodes
-        return self._inter_latency * steps + (intra if intra > inter else inter)
+        return self._inter_latency * steps + (max(inter, intra))

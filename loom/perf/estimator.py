@@ -394,7 +394,7 @@ class Estimator:
         compute = gemm / flop_s + traffic / (spec.memory_bw_gbps * 1e9 * cal.memory_efficiency)
         tp_s = cp_s = ep_s = 0.0
         if stage.cp > 1:  # this rank's forward attention core of one layer: s/cp queries × s keys
-            attention = 4.0 * mb * job.model.seq_len**2 * job.model.hidden / (stage.tp * stage.cp)
+            attention = 4.0 * mb * job.model.seq_len**2 * job.model.attention_width / (stage.tp * stage.cp)
             cp_s = ring_attention_s(self.comm, links, job, stage, mb, recompute, attention / flop_s)
         if stage.ep > 1:
             ep_s = all_to_all_s(self.comm, links, job, stage, mb, recompute)
@@ -472,9 +472,10 @@ class Estimator:
         weights_per_layer = _model_numbers(model).weights_per_layer
         if model.is_moe and job.capacity_factor != 1.0:  # padded expert buffers (`loom.perf.moe`)
             weights_per_layer += padding_weights_per_layer(job)
-        attention = 4.0 * mb * model.seq_len**2 * model.hidden
+        attention = 4.0 * mb * model.seq_len**2 * model.attention_width
         fwd_layer = 2.0 * tokens * weights_per_layer + attention
-        traffic_layer = 2.0 * layer_activation_bytes(job, mb, tp, "none")  # the whole sequence: / cp below
+        # the whole sequence (/ cp below); MoE layers' MLP traffic counted as one MLP's (see ESTIMATOR.md, Limits)
+        traffic_layer = 2.0 * layer_activation_bytes(job, mb, tp, "none", expert_copies=False)
         if not job.fused_kernels:
             traffic_layer *= UNFUSED_TRAFFIC_FACTOR
         forward = layers * fwd_layer / tp

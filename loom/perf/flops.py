@@ -6,7 +6,8 @@ Conventions (one multiply-add = 2 FLOPs; B sequences of `seq_len` tokens each):
   (attention projections, MLP or its `top_k` activated experts, MoE router;
   biases, norms, softmax and activations are ignored)
   + attention scores and context ``4 · B · s² · h · l`` (QKᵀ and AV over the
-  full s×s matrix: no causal halving, as in Megatron-LM's accounting)
+  full s×s matrix: no causal halving, as in Megatron-LM's accounting; h is
+  heads·head_dim when the model sets `head_dim`)
   + logits ``2 · B · s · h · V``.
 - backward = 2 × forward.
 - ``recompute="none"``: model FLOPs = 3 × forward (what MFU counts);
@@ -36,7 +37,7 @@ def attention_core_flops(model: ModelSpec, batch: int) -> float:
     _check_batch(batch)
     if model.kind == "cnn":
         return 0.0
-    return 4.0 * batch * model.seq_len**2 * model.hidden * model.layers
+    return 4.0 * batch * model.seq_len**2 * model.attention_width * model.layers
 
 
 def forward_flops(model: ModelSpec, batch: int) -> float:

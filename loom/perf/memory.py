@@ -52,7 +52,7 @@ chunk pair per step (2·s/cp·kv_dim·b), small next to the layer and not counte
 
 Mixture of experts: an MoE layer's MLP tensors are kept for each of the top_k
 experts a token visits, padded by the capacity factor c, so its MLP rows are
-× top_k·c (`mlp_activation_factor`, averaged over the layers as the estimator
+× (top_k·c + shared experts)·f_expert/f (`mlp_activation_factor`, averaged over the layers as the estimator
 averages MoE and dense layers). Expert parallelism moves tokens, not these.
 
 Model states of MoE models: expert weights are sharded over ep ranks (the
@@ -132,19 +132,23 @@ def _sharded_states(params: float, zero_stage: int, shard: int, offload: bool) -
 
 def mlp_activation_factor(job: TrainingJob) -> float:
     """MLP activations of the average layer relative to a dense one: MoE layers keep them for
-    top_k experts × the capacity factor. 1.0 for dense models."""
+    top_k experts × the capacity factor, plus the shared experts, each of FFN size
+    expert_ffn_hidden. 1.0 for dense models."""
     m = job.model
     if not m.is_moe:
         return 1.0
-    return (m.dense_layers + m.moe_layers * m.top_k * job.capacity_factor) / m.layers
+    experts = (m.top_k * job.capacity_factor + m.shared_experts) * m.expert_ffn_hidden / m.ffn_hidden
+    return (m.dense_layers + m.moe_layers * experts) / m.layers
 
 
 def layer_activation_bytes(
-    job: TrainingJob, micro_batch: int, tp: int, recompute: str, sequence_parallel: bool | None = None, cp: int = 1
+    job: TrainingJob, micro_batch: int, tp: int, recompute: str, sequence_parallel: bool | None = None, cp: int = 1,
+    expert_copies: bool = True,
 ) -> float:
     """Activations one layer keeps for one micro-batch until its backward pass, per GPU
     (the module's table; `sequence_parallel` None: the job's setting; `cp`: context-parallel
-    ranks, each holding s/cp tokens)."""
+    ranks, each holding s/cp tokens; `expert_copies` False: an MoE layer's MLP counted once,
+    as the estimator's memory-traffic proxy does)."""
     m = job.model
     sbh = m.seq_len * micro_batch * m.hidden
     sp = (job.sequence_parallel if sequence_parallel is None else sequence_parallel) and tp > 1
@@ -152,21 +156,24 @@ def layer_activation_bytes(
         kept = 2.0 * sbh / tp if sp else 2.0 * sbh
     else:
         replicated = REPLICATED_SBH * sbh / tp if sp else REPLICATED_SBH * sbh
-        kept = replicated + tp_split_bytes(job, micro_batch, tp, recompute)
+        kept = replicated + tp_split_bytes(job, micro_batch, tp, recompute, expert_copies)
     return kept / cp if cp > 1 else kept
 
 
-def tp_split_bytes(job: TrainingJob, micro_batch: int, tp: int, recompute: str) -> float:
-    """The tensors tensor parallelism splits: Q, K, V, attention output, MLP, scores."""
+def tp_split_bytes(job: TrainingJob, micro_batch: int, tp: int, recompute: str, expert_copies: bool = True) -> float:
+    """The tensors tensor parallelism splits: Q, K, V, attention output, MLP (× `mlp_activation_factor`
+    with `expert_copies`), scores."""
     m = job.model
     sb = m.seq_len * micro_batch
     sbh = sb * m.hidden
     mlp = (SWIGLU_SBH_PER_F if m.mlp == "swiglu" else GELU_SBH_PER_F) * sb * m.ffn_hidden
-    if m.kv_heads == m.heads:  # multi-head attention: K and V 4·sbh/t, as published
+    if m.attention_width != m.hidden:  # head_dim set apart from h/heads: Q and attention output are heads·d wide
+        attention = 4.0 * sb * m.attention_width / tp + 4.0 * sb * m.head_dim * max(m.kv_heads / tp, 1.0)
+    elif m.kv_heads == m.heads:  # multi-head attention: K and V 4·sbh/t, as published
         attention = 8.0 * sbh / tp
     else:  # K and V shrink to kv_heads heads, one each per rank when tp > kv_heads (replicated)
         attention = 4.0 * sbh / tp + 4.0 * sb * m.head_dim * max(m.kv_heads / tp, 1.0)
-    stored = attention + mlp * mlp_activation_factor(job) / tp
+    stored = attention + (mlp * mlp_activation_factor(job) if expert_copies else mlp) / tp
     if recompute == "none" and not job.flash_attention:
         stored += 5.0 * m.heads * m.seq_len * sb / tp
     return stored

@@ -10,18 +10,23 @@ Parameter-count conventions (every term, so totals can be audited):
   nothing for ``"rope"``/``"none"`` (rotary embeddings have no weights). The
   output (logit) layer shares the input embedding when ``tied_embeddings``
   (GPT-3, Megatron), else adds another ``V·h`` (Llama-2).
-- attention per layer: Q and O are ``h×h``; K and V are ``h×(kv_heads·h/heads)``
-  (grouped-query attention when ``kv_heads < heads``, multi-query when 1); biases
-  on all four when ``bias``. Multi-head GPT: ``4h² + 4h``. Tensor parallelism
+- attention per layer: Q and O are ``h×(heads·d)`` and ``(heads·d)×h``; K and V are
+  ``h×(kv_heads·d)`` for head size d = ``head_dim`` (default h/heads, so Q and O are
+  ``h×h``; Qwen3 and gpt-oss set it apart); grouped-query attention when
+  ``kv_heads < heads``, multi-query when 1; biases on all four when ``bias``.
+  Multi-head GPT: ``4h² + 4h``. Tensor parallelism
   splits the KV heads, or replicates them when tp > kv_heads
   (`kv_replicated_weights`; `loom.perf.inputs.check_tp` needs one to divide the other).
 - MLP per layer: ``mlp="gelu"``: two matrices ``2·h·f`` (+ ``f + h`` biases);
   ``mlp="swiglu"``: three matrices ``3·h·f`` (+ ``2f + h`` biases).
 - norms: two per layer plus a final one; LayerNorm has weight and bias (``2h``
   each, ``4h`` per layer), RMSNorm only a weight (``h`` each).
-- MoE: every ``moe_every``-th layer (layers moe_every, 2·moe_every, ...) holds
-  ``experts`` copies of the MLP plus a router ``h·experts`` (no bias); the
-  *activated* count keeps ``top_k`` experts per MoE layer.
+- MoE: after the first ``first_dense_layers`` layers (DeepSeek's first_k_dense),
+  every ``moe_every``-th layer holds ``experts`` routed expert MLPs of FFN size
+  ``expert_ffn_hidden`` (default ``ffn_hidden``), ``shared_experts`` always-active
+  ones of the same size (DeepSeek, Qwen2-MoE) and a router ``h·experts`` (no
+  bias); the *activated* count keeps ``top_k`` routed experts plus the shared ones
+  per MoE layer. Dense layers use ``ffn_hidden``.
 - ``kind="cnn"`` models carry a declared ``params`` count (no formula applies);
   see `loom.perf.flops` for their FLOP approximation.
 
@@ -62,6 +67,10 @@ class ModelSpec:
     norm: str = "layernorm"
     position: str = "learned"
     tied_embeddings: bool = True
+    head_dim: int | None = None  # None -> hidden // heads
+    expert_ffn_hidden: int | None = None  # None -> ffn_hidden
+    shared_experts: int = 0  # always-active experts per MoE layer
+    first_dense_layers: int = 0  # leading layers that are dense in an MoE model
     params: int | None = (
         None  # declared total; required for kind="cnn", else must be None
     )
@@ -84,11 +93,17 @@ class ModelSpec:
             "moe_every",
         ):
             _positive_int(field, getattr(self, field))
-        for field in ("ffn_hidden", "kv_heads", "params"):
+        for field in ("ffn_hidden", "kv_heads", "params", "head_dim", "expert_ffn_hidden"):
             if getattr(self, field) is not None:
                 _positive_int(field, getattr(self, field))
+        for field in ("shared_experts", "first_dense_layers"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise LoomInputError(f"must be a non-negative integer, got {value!r}", field=field)
         if self.ffn_hidden is None:
             object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
+        if self.expert_ffn_hidden is None:
+            object.__setattr__(self, "expert_ffn_hidden", self.ffn_hidden)
         if self.kv_heads is None:
             object.__setattr__(self, "kv_heads", self.heads)
         for field, allowed in (
@@ -107,11 +122,13 @@ class ModelSpec:
                 raise LoomInputError(
                     f"must be true or false, got {getattr(self, field)!r}", field=field
                 )
-        if self.hidden % self.heads:
-            raise LoomInputError(
-                f"hidden ({self.hidden}) must be divisible by heads ({self.heads})",
-                field="hidden",
-            )
+        if self.head_dim is None:
+            if self.hidden % self.heads:
+                raise LoomInputError(
+                    f"hidden ({self.hidden}) must be divisible by heads ({self.heads}), or give head_dim",
+                    field="hidden",
+                )
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
         if self.heads % self.kv_heads:
             raise LoomInputError(
                 f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})",
@@ -121,11 +138,15 @@ class ModelSpec:
             raise LoomInputError(
                 f"top_k ({self.top_k}) exceeds experts ({self.experts})", field="top_k"
             )
-        if self.experts > 1 and self.moe_every > self.layers:
+        if self.experts > 1 and self.moe_every > self.layers - self.first_dense_layers:
             raise LoomInputError(
-                f"moe_every ({self.moe_every}) exceeds layers ({self.layers}): no MoE layer",
+                f"moe_every ({self.moe_every}) exceeds the layers after the first dense ones "
+                f"({self.layers} - {self.first_dense_layers}): no MoE layer",
                 field="moe_every",
             )
+        if self.experts == 1 and (self.shared_experts or self.first_dense_layers):
+            field = "shared_experts" if self.shared_experts else "first_dense_layers"
+            raise LoomInputError("only MoE models (experts > 1) have it", field=field)
         if self.kind == "cnn" and self.params is None:
             raise LoomInputError(
                 "a cnn model needs a declared parameter count", field="params"
@@ -144,8 +165,9 @@ class ModelSpec:
         return self.experts > 1
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def attention_width(self) -> int:
+        """heads·head_dim: Q's and the attention output's width (= hidden unless head_dim is set)."""
+        return self.heads * self.head_dim
 
     @property
     def ffn_type(self) -> str:
@@ -164,7 +186,7 @@ class ModelSpec:
     @property
     def moe_layers(self) -> int:
         """Number of MoE layers (every `moe_every`-th one); 0 for a dense model."""
-        return self.layers // self.moe_every if self.is_moe else 0
+        return (self.layers - self.first_dense_layers) // self.moe_every if self.is_moe else 0
 
     @property
     def dense_layers(self) -> int:
@@ -172,23 +194,33 @@ class ModelSpec:
 
     # -- parameter counts ----------------------------------------------------
     def attention_params(self) -> int:
-        h, kv = self.hidden, self.kv_heads * self.head_dim
-        weights = 2 * h * h + 2 * h * kv
-        return weights + ((2 * h + 2 * kv) if self.bias else 0)
+        h, q, kv = self.hidden, self.attention_width, self.kv_heads * self.head_dim
+        weights = 2 * h * q + 2 * h * kv
+        return weights + ((q + h + 2 * kv) if self.bias else 0)
 
     def attention_weights(self) -> int:
         """Attention matmul weights of one layer (no biases): what FLOPs count."""
-        h, kv = self.hidden, self.kv_heads * self.head_dim
-        return 2 * h * h + 2 * h * kv
+        h, q, kv = self.hidden, self.attention_width, self.kv_heads * self.head_dim
+        return 2 * h * q + 2 * h * kv
 
     def mlp_weights(self) -> int:
         """Matmul weights of one (dense or expert) MLP."""
         return (3 if self.mlp == "swiglu" else 2) * self.hidden * self.ffn_hidden
 
     def mlp_params(self) -> int:
-        f, h = self.ffn_hidden, self.hidden
+        return self._mlp_params(self.ffn_hidden)
+
+    def expert_mlp_weights(self) -> int:
+        """Matmul weights of one expert MLP (FFN size `expert_ffn_hidden`)."""
+        return (3 if self.mlp == "swiglu" else 2) * self.hidden * self.expert_ffn_hidden
+
+    def expert_mlp_params(self) -> int:
+        return self._mlp_params(self.expert_ffn_hidden)
+
+    def _mlp_params(self, f: int) -> int:
+        h = self.hidden
         biases = ((2 * f if self.mlp == "swiglu" else f) + h) if self.bias else 0
-        return self.mlp_weights() + biases
+        return (3 if self.mlp == "swiglu" else 2) * h * f + biases
 
     def norm_params(self) -> int:
         """One norm module (weight, plus bias for LayerNorm)."""
@@ -212,8 +244,8 @@ class ModelSpec:
         base = self.attention_params() + 2 * self.norm_params()
         if not moe:
             return base + self.mlp_params()
-        copies = self.top_k if activated else self.experts
-        return base + copies * self.mlp_params() + self.router_params()
+        copies = (self.top_k if activated else self.experts) + self.shared_experts
+        return base + copies * self.expert_mlp_params() + self.router_params()
 
     def total_params(self) -> int:
         """Ψ: every parameter stored (all experts)."""
@@ -240,7 +272,8 @@ class ModelSpec:
         router included; embedding lookup and logit layer excluded)."""
         mlp = self.mlp_weights()
         dense = self.attention_weights() + mlp
-        moe = self.attention_weights() + self.top_k * mlp + self.router_params()
+        experts = (self.top_k + self.shared_experts) * self.expert_mlp_weights()
+        moe = self.attention_weights() + experts + self.router_params()
         return self.dense_layers * dense + self.moe_layers * moe
 
 

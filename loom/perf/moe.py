@@ -39,11 +39,11 @@ A2A_BYTES = 2.0  # tokens are dispatched in bf16
 
 
 def expert_params_per_layer(model: ModelSpec) -> float:
-    """Expert MLP parameters (all experts) of the average layer, as the estimator averages
-    MoE and dense layers over a stage."""
+    """Routed expert MLP parameters (all experts) of the average layer, as the estimator averages
+    MoE and dense layers over a stage. Shared experts are replicated like dense weights."""
     if not model.is_moe:
         return 0.0
-    return model.moe_layers * model.experts * model.mlp_params() / model.layers
+    return model.moe_layers * model.experts * model.expert_mlp_params() / model.layers
 
 
 def padding_weights_per_layer(job: TrainingJob) -> float:
@@ -52,7 +52,7 @@ def padding_weights_per_layer(job: TrainingJob) -> float:
     m = job.model
     if not m.is_moe or job.capacity_factor == 1.0:
         return 0.0
-    return (job.capacity_factor - 1.0) * m.top_k * m.mlp_weights() * m.moe_layers / m.layers
+    return (job.capacity_factor - 1.0) * m.top_k * m.expert_mlp_weights() * m.moe_layers / m.layers
 
 
 def ep_group(stage: StageSpec) -> GroupShape:
