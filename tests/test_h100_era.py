@@ -136,3 +136,15 @@ def test_bundled_calibration_reproduces_the_core_rows():
     assert statistics.mean(errors) <= 0.18
     fitted = [abs(era_error(r, cal)) for r in core if era_group(r) is not None]
     assert fitted and statistics.mean(fitted) <= 0.20
+
+
+@pytest.mark.parametrize(
+    ("table", "note", "fused"),
+    [("Table 1 row \"FSDP\"", "no torch.compile", False), ("Table 1 row \"FSDP + torch.compile\"", "", True),
+     ("Async TP column", "", True), ("row 1 (Optimizations: None)", "", False)],
+)
+def test_torchtitan_is_eager_unless_compiled(tmp_path, table, note, fused):
+    row = GOOD | {"system": "torchtitan (PyTorch FSDP2/DTensor)", "tp": "1", "pp": "1", "vpp": "", "dp": "64",
+                  "micro_batch": "2", "source_table": table, "note": note, "precision": "bf16"}
+    (run,), _ = load_h100_era(write_rows(tmp_path, row))
+    assert run.job.fused_kernels is fused

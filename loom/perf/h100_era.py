@@ -19,8 +19,9 @@ Interpretation rules (each from the README's column definitions):
 - FSDP stacks (torchtitan, MaxText, LLM Foundry, NeMo AutoModel, Megatron-FSDP):
   ZeRO-3 over `dp` (MaxText's "FSDP=a x DP=b": shards of a, `zero_shard`), and
   `micro_batch` is the per-device local batch, as the README defines.
-- torchtitan runs eager PyTorch unless the row says torch.compile
-  (`fused_kernels=False`: norms, rotary, SiLU·up unfused, as HF Transformers).
+- torchtitan runs eager PyTorch unless its table row or note says torch.compile
+  or async TP, which needs it (`fused_kernels=False`: norms, rotary, SiLU·up
+  unfused, as HF Transformers).
 - torchtitan with pp > 1: the local batch runs as pp pipeline micro-batches
   (its default `pipeline_parallel_microbatches` = the number of stages), 1F1B.
 - Blank `global_batch` (two torchtitan rows): micro_batch · dp · grad_accum.
@@ -42,7 +43,7 @@ from loom.perf.model import ModelSpec
 COLUMNS = (
     "id", "core", "system", "gpu_type", "gpus", "model", "arch", "layers", "hidden", "ffn_hidden", "heads",
     "kv_heads", "num_experts", "topk", "seq_len", "vocab", "global_batch", "micro_batch", "grad_accum", "tp", "pp",
-    "vpp", "cp", "ep", "dp", "sharding", "precision", "recompute", "tokens_per_s_per_gpu", "note",
+    "vpp", "cp", "ep", "dp", "sharding", "precision", "recompute", "tokens_per_s_per_gpu", "note", "source_table",
 )  # fmt: skip
 
 # System column prefix -> (short name for reports, FSDP-style batch/sharding semantics).
@@ -275,6 +276,8 @@ def _plan_fields(cells: _Cells, fsdp: bool) -> dict[str, int | str]:
     vpp_text = cells.text("vpp")
     if vpp_text and not vpp_text.isdigit() and vpp_text != "n/a":
         raise _Skip(f"pipeline schedule {vpp_text!r} is not 1F1B or interleaved")
+    if not vpp_text and "interleaved" in cells.text("source_table").lower():
+        raise _Skip("interleaved 1F1B with the stages per rank not stated")
     sharding = cells.text("sharding")
     zero, shard = (3, 0) if fsdp or "FSDP" in sharding else (1, 0)
     if match := re.match(r"(?:ici )?FSDP=(\d+) x (?:dcn )?DP=(\d+)", sharding):
@@ -320,7 +323,12 @@ def _recompute(cells: _Cells) -> str:
 
 
 def _fused(cells: _Cells) -> bool:
-    """Fused elementwise kernels: everything but eager torchtitan (no torch.compile in the row)."""
-    if cells.text("system").startswith("torchtitan"):
-        return "compile" in cells.text("note").lower() and "no torch.compile" not in cells.text("note").lower()
-    return True
+    """Fused elementwise kernels: everything but eager torchtitan. A torchtitan row is compiled
+    when its table row or note says torch.compile, or async TP (which torchtitan runs only
+    under torch.compile)."""
+    if not cells.text("system").startswith("torchtitan"):
+        return True
+    text = f"{cells.text('source_table')} {cells.text('note')}".lower()
+    if "no torch.compile" in text:
+        return False
+    return "compile" in text or "async tp" in text or "asynctp" in text
