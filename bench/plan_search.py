@@ -2,7 +2,8 @@
 
     PYTHONPATH=. python bench/plan_search.py [--cases 500] [--seed 2]
 
-Random (preset, GPU type, GPU count, batch, GPUs per node, pinned knobs) cases,
+Random (preset, GPU type, GPU count, batch, GPUs per node, pinned knobs) cases
+(`--models` restricts the presets, e.g. to an older checkout's, so that both time the same cases),
 each searched cold (a fresh `Estimator`, as a simulation meets a new shape) by
 both; the answers must be the same plan and time (and, when nothing fits, the
 fastest plan ignoring memory, as the speed model falls back to). Prints seconds
@@ -37,9 +38,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cases", type=int, default=500)
     p.add_argument("--seed", type=int, default=2)
+    p.add_argument("--models", default="", help="comma-separated presets (default: every preset); e.g. the "
+                   "presets of an older checkout, to time the same cases on both")
     args = p.parse_args()
     rng = random.Random(args.seed)
-    cases = [(m, t, g, rng.choice([32, 128, 256, 512, 1000])) for m in preset_names() for t in GPU_TYPES
+    models = args.models.split(",") if args.models else preset_names()
+    cases = [(m, t, g, rng.choice([32, 128, 256, 512, 1000])) for m in models for t in GPU_TYPES
              for g in COUNTS]
     rng.shuffle(cases)
     full_s = fast_s = 0.0

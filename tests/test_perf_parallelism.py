@@ -16,6 +16,13 @@ from loom.perf.inputs import Hardware, PlanError, TrainingJob, check_plan
 from loom.perf.memory import layer_activation_bytes
 from loom.perf.model import ModelSpec
 from loom.perf.moe import ep_group, expert_params_per_layer
+from loom.perf.search import (
+    Choices,
+    any_plan_fits,
+    candidate_plans,
+    fastest_plan,
+    search_plans,
+)
 from loom.perf.sync import zero3_exposed
 
 # An explicit calibration, so the pinned prices below do not move when the bundled one is refitted.
@@ -243,3 +250,39 @@ def test_zero3_memory_holds_two_gathered_layers():
     weights_saved = 2.0 * psi * (1 - 1 / 8)
     buffer = 2.0 * 2.0 * psi / job.model.layers * (1 - 1 / 8)
     assert z2.memory_gib_per_gpu - z3.memory_gib_per_gpu == pytest.approx((weights_saved - buffer) / 2**30, rel=1e-9)
+
+
+# -- plan search over cp and ep ------------------------------------------------------------
+def test_search_tries_cp_for_long_sequences_only():
+    long = {(p.cp, p.ep) for p in candidate_plans(LLAMA8, H100, 16, Choices(zero=1, recompute="none"))}
+    assert {cp for cp, _ in long} == {1, 2, 4, 8} and {ep for _, ep in long} == {1}
+    short = TrainingJob(preset("llama2-7b"), 64)  # seq 4096, dense: exactly the plans searched before cp and ep
+    assert {(p.cp, p.ep) for p in candidate_plans(short, H100, 16)} == {(1, 1)}
+
+
+def test_search_falls_back_to_cp_when_memory_forces_it():
+    """Unfused attention, no recomputation, tp = pp = 1 on 8 A10s: no cp = 1 plan fits (the scores
+    alone), cp = 2 halves the activations and fits. fastest_plan agrees with the full search."""
+    job = TrainingJob(small_gpt_4k(), 8, flash_attention=False)
+    a10, choices = Hardware("A10"), Choices(recompute="none", tp=1, pp=1)
+    assert not any(EST.fits(job, a10, p) for p in candidate_plans(job, a10, 8, choices))
+    full = search_plans(job, a10, 8, choices=choices, top=1, estimator=Estimator(CAL))
+    assert full.best is not None and full.best.plan.cp == 2
+    assert fastest_plan(job, a10, 8, choices=choices, estimator=Estimator(CAL)) == full.best
+    assert any_plan_fits(job, a10, 8, choices=choices, estimator=Estimator(CAL))
+
+
+def test_search_tries_ep_for_moe_and_agrees_with_branch_and_bound():
+    choices = Choices(tp=2, vpp=1, zero=1)
+    eps = {p.ep for p in candidate_plans(MIXTRAL, H100, 16, choices)}
+    assert eps == {1, 2, 4, 8}
+    full = search_plans(MIXTRAL, H100, 16, choices=choices, top=1, estimator=Estimator(CAL))
+    assert full.best is not None and full.best.plan.ep > 1  # all experts on every rank do not fit 80 GB
+    assert fastest_plan(MIXTRAL, H100, 16, choices=choices, estimator=Estimator(CAL)) == full.best
+    pinned = search_plans(MIXTRAL, H100, 16, choices=Choices(tp=2, vpp=1, zero=1, ep=2), top=1,
+                          estimator=Estimator(CAL))
+    assert pinned.best is None or pinned.best.plan.ep == 2
+
+
+def small_gpt_4k() -> ModelSpec:
+    return ModelSpec(name="t4k", layers=16, hidden=2048, heads=16, seq_len=4096, vocab=32000)

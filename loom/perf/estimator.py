@@ -260,11 +260,11 @@ class Estimator:
         memo = self._memo(job, placement)
         if len(memo.stage_ids) > MAX_MEMO_STAGES:
             memo.clear()
-        shapes: dict[tuple[int, int, int], tuple[tuple[StageSpec, int], ...]] = {}  # (tp, dp, pp) → stages, ids
+        shapes: dict[tuple[int, ...], tuple[tuple[StageSpec, int], ...]] = {}  # (tp, dp, pp, cp, ep) → stages, ids
         out = []
         for plan in plans:
             micro_batches = job.global_batch // (plan.micro_batch * plan.dp)
-            if (stages := shapes.get(shape := (plan.tp, plan.dp, plan.pp))) is None:
+            if (stages := shapes.get(shape := (plan.tp, plan.dp, plan.pp, plan.cp, plan.ep))) is None:
                 stages = shapes[shape] = tuple((stage, memo.stage_ids.setdefault(stage, len(memo.stage_ids)))
                                                for stage in uniform_stages(job, hardware, plan))
             slowest = total = 0.0
@@ -273,7 +273,7 @@ class Estimator:
             for stage, sid in stages:
                 mb = job.global_batch // (micro_batches * stage.dp)
                 if (work := memo.compute.get(key := (sid, mb, recompute))) is None:
-                    work = memo.compute[key] = self._stage_compute(job, stage, mb, recompute)
+                    work = memo.compute[key] = self._memo_compute(job, stage, mb, recompute, memo)
                 if any_variant:
                     slowest = max(slowest, work[0] + work[2])
                     total += (work[0] + work[2]) * stage.count
@@ -282,7 +282,9 @@ class Estimator:
                 if (sync := memo.sync.get(key := (sid, plan.zero_stage, plan.zero_shard))) is None:
                     sync = memo.sync[key] = self._stage_sync(job, stage, plan.zero_stage, plan.zero_shard, placement)
                 compute = work[0]
-                micro_batch_s = compute + work[2] + zero3_exposed(compute, work[1], sync[2], sync[4])
+                micro_batch_s = compute + work[2]
+                if sync[2] or sync[4]:  # ZeRO-3
+                    micro_batch_s += zero3_exposed(compute, work[1], sync[2], sync[4])
                 slowest = max(slowest, micro_batch_s)
                 total += micro_batch_s * stage.count
                 if tail < 0:  # the first stage: rank 0
@@ -312,7 +314,7 @@ class Estimator:
         sid = memo.stage_ids.setdefault(stage, len(memo.stage_ids))
         key = (sid, mb, plan.recompute)
         if (work := memo.compute.get(key)) is None:
-            work = memo.compute[key] = self._stage_compute(job, stage, mb, plan.recompute)
+            work = memo.compute[key] = self._memo_compute(job, stage, mb, plan.recompute, memo)
         if (sync := memo.sync.get(key := (sid, plan.zero_stage, plan.zero_shard))) is None:
             sync = memo.sync[key] = self._stage_sync(job, stage, plan.zero_stage, plan.zero_shard, placement)
         return work[0], work[1], work[2], sync
@@ -352,7 +354,7 @@ class Estimator:
         sid = memo.stage_ids.setdefault(stage, len(memo.stage_ids))  # hash the stage once
         key = (sid, mb, plan.recompute)
         if (work := memo.compute.get(key)) is None:
-            work = memo.compute[key] = self._stage_compute(job, stage, mb, plan.recompute)
+            work = memo.compute[key] = self._memo_compute(job, stage, mb, plan.recompute, memo)
         compute, backward, comm_s, tp_s, cp_s, ep_s = work
         p2p_s = 0.0
         pp = plan.pp
@@ -368,7 +370,9 @@ class Estimator:
         # that much earlier (and overlaps its own last backward pass if allowed).
         window = rank * (backward + p2p_s / 2) + (backward if job.overlap_dp else 0.0)
         dp_s = max(0.0, dp_s - window)
-        micro_batch_s = compute + comm_s + p2p_s + zero3_exposed(compute, backward, zero3_fwd, zero3_bwd)
+        micro_batch_s = compute + comm_s + p2p_s
+        if zero3_fwd or zero3_bwd:
+            micro_batch_s += zero3_exposed(compute, backward, zero3_fwd, zero3_bwd)
         stage_plan = plan
         if (stage.dp, stage.tp, mb, stage.cp, stage.ep) != (plan.dp, plan.tp, plan.micro_batch, plan.cp, plan.ep):
             stage_plan = ParallelPlan(
@@ -392,12 +396,10 @@ class Estimator:
         gemm, traffic, backward_share = self._stage_work(job, stage, mb, recompute)
         flop_s = spec.peak_tflops(job.precision) * 1e12 * cal.gemm_fraction(spec.name, job.precision)
         compute = gemm / flop_s + traffic / (spec.memory_bw_gbps * 1e9 * cal.memory_efficiency)
-        tp_s = cp_s = ep_s = 0.0
+        tp_s = cp_s = 0.0
         if stage.cp > 1:  # this rank's forward attention core of one layer: s/cp queries × s keys
             attention = 4.0 * mb * job.model.seq_len**2 * job.model.attention_width / (stage.tp * stage.cp)
             cp_s = ring_attention_s(self.comm, links, job, stage, mb, recompute, attention / flop_s)
-        if stage.ep > 1:
-            ep_s = all_to_all_s(self.comm, links, job, stage, mb, recompute)
         if stage.tp > 1:
             model = job.model
             tokens = mb * model.seq_len / stage.cp if stage.cp > 1 else mb * model.seq_len
@@ -407,7 +409,19 @@ class Estimator:
             calls = 4 + (2 if recompute == "full" else 0)
             group = GroupShape(size=stage.tp, per_node=min(stage.tp, hw.gpus_per_node))
             tp_s = stage.layers * calls * self.comm.all_reduce(tokens * model.hidden * job.tp_bytes, group, links)
-        return compute, compute * backward_share, tp_s + cp_s + ep_s, tp_s, cp_s, ep_s
+        return compute, compute * backward_share, tp_s + cp_s, tp_s, cp_s, 0.0
+
+    def _memo_compute(self, job: TrainingJob, stage: StageSpec, mb: int, recompute: str, memo: _StageMemo) -> _Work:
+        """`_stage_compute` plus the all-to-all; the ep variants of a stage share its EP-free work
+        (memoised under the ep = 1 twin), since only the all-to-all differs (`loom.perf.moe`)."""
+        if stage.ep == 1:
+            return self._stage_compute(job, stage, mb, recompute)
+        twin = StageSpec(stage.hardware, stage.tp, stage.dp, stage.layers, stage.first, stage.last, stage.count, stage.cp)
+        tid = memo.stage_ids.setdefault(twin, len(memo.stage_ids))
+        if (base := memo.compute.get(key := (tid, mb, recompute))) is None:
+            base = memo.compute[key] = self._stage_compute(job, twin, mb, recompute)
+        ep_s = all_to_all_s(self.comm, _hardware_numbers(stage.hardware)[1], job, stage, mb, recompute)
+        return base[0], base[1], base[2] + ep_s, base[3], base[4], ep_s
 
     def _stage_send(self, job: TrainingJob, stage: StageSpec, mb: int, placement: Placement) -> float:
         """One activation send between pipeline stages."""
@@ -440,11 +454,11 @@ class Estimator:
             experts = all_experts / stage.ep
             dense = params - all_experts
             params = dense + experts
-        shard, expert_shard = zero_shards(ParallelPlan(dp=stage.dp, cp=stage.cp, ep=stage.ep, zero_shard=zero_shard))
         dp_s, zero3_fwd, zero3_bwd = dp_sync(self.comm, links, job, placement, dense, zero_stage, zero_shard, ranks,
                                              per_node, stage.layers)
-        updated = dense / shard if zero_stage >= 1 else dense
+        updated = dense / (zero_shard or ranks) if zero_stage >= 1 else dense
         if experts:
+            expert_shard = zero_shards(ParallelPlan(dp=stage.dp, cp=stage.cp, ep=stage.ep, zero_shard=zero_shard))[1]
             expert_ranks, expert_per_node = expert_dp_shape(stage)
             sync = dp_sync(self.comm, links, job, placement, experts, zero_stage, expert_shard if zero_shard else 0,
                            expert_ranks, expert_per_node, stage.layers)
@@ -470,7 +484,7 @@ class Estimator:
         tp, layers = stage.tp, stage.layers
         tokens = mb * model.seq_len
         weights_per_layer = _model_numbers(model).weights_per_layer
-        if model.is_moe and job.capacity_factor != 1.0:  # padded expert buffers (`loom.perf.moe`)
+        if model.experts > 1 and job.capacity_factor != 1.0:  # padded expert buffers (`loom.perf.moe`)
             weights_per_layer += padding_weights_per_layer(job)
         attention = 4.0 * mb * model.seq_len**2 * model.attention_width
         fwd_layer = 2.0 * tokens * weights_per_layer + attention

@@ -175,8 +175,10 @@ def check_plan(job: TrainingJob, plan: ParallelPlan, gpus: int | None = None) ->
         raise PlanError(f"zero shard group {plan.zero_shard} must divide dp·cp={plan.dp * plan.cp}", field="zero_shard")
     if model.kind == "cnn" and (plan.tp > 1 or plan.pp > 1 or plan.cp > 1):
         raise PlanError("cnn models are modelled data-parallel only (tp = pp = cp = 1)", field="tp")
-    check_cp(model, plan.cp)
-    check_ep(model, plan)
+    if plan.cp > 1:
+        check_cp(model, plan.cp)
+    if plan.ep > 1:
+        check_ep(model, plan)
     check_tp(model, plan.tp)
     check_pipeline(model.layers, plan.pp, plan.virtual_stages, job.pipeline_split)
     if plan.virtual_stages > 1 and plan.pp == 1:

@@ -74,9 +74,11 @@ context, NCCL buffers, cuBLAS workspaces — is the calibration's
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from loom.core.plan import ParallelPlan
 from loom.perf.inputs import TrainingJob
+from loom.perf.model import ModelSpec
 
 GIB = 2**30
 CNN_ACTIVATION_BYTES_PER_PARAM_IMAGE = 4.0  # ResNet-50 bf16 training: ~100 MB/image for 25.6 M params
@@ -101,10 +103,10 @@ def model_state_bytes(
     """Weights + gradients + optimizer state of `params_on_rank` parameters
     (`offload`: the optimizer state lives in host memory). `expert_params` of them
     (already /ep) are ZeRO-sharded over the expert-data-parallel group (`zero_shards`)."""
+    if not expert_params:
+        return _sharded_states(params_on_rank, plan.zero_stage, plan.zero_shard or plan.dp * plan.cp, offload)
     dense_shard, expert_shard = zero_shards(plan)
     dense = _sharded_states(params_on_rank - expert_params, plan.zero_stage, dense_shard, offload)
-    if not expert_params:
-        return dense
     return dense + _sharded_states(expert_params, plan.zero_stage, expert_shard, offload)
 
 
@@ -131,13 +133,18 @@ def _sharded_states(params: float, zero_stage: int, shard: int, offload: bool) -
 
 
 def mlp_activation_factor(job: TrainingJob) -> float:
+    """`_expert_factor` of the job's model and capacity factor; 1.0 for dense models."""
+    if job.model.experts == 1:
+        return 1.0
+    return _expert_factor(job.model, job.capacity_factor)
+
+
+@lru_cache(maxsize=1024)
+def _expert_factor(m: ModelSpec, capacity_factor: float) -> float:
     """MLP activations of the average layer relative to a dense one: MoE layers keep them for
     top_k experts × the capacity factor, plus the shared experts, each of FFN size
     expert_ffn_hidden. 1.0 for dense models."""
-    m = job.model
-    if not m.is_moe:
-        return 1.0
-    experts = (m.top_k * job.capacity_factor + m.shared_experts) * m.expert_ffn_hidden / m.ffn_hidden
+    experts = (m.top_k * capacity_factor + m.shared_experts) * m.expert_ffn_hidden / m.ffn_hidden
     return (m.dense_layers + m.moe_layers * experts) / m.layers
 
 
@@ -173,7 +180,9 @@ def tp_split_bytes(job: TrainingJob, micro_batch: int, tp: int, recompute: str, 
         attention = 8.0 * sbh / tp
     else:  # K and V shrink to kv_heads heads, one each per rank when tp > kv_heads (replicated)
         attention = 4.0 * sbh / tp + 4.0 * sb * m.head_dim * max(m.kv_heads / tp, 1.0)
-    stored = attention + (mlp * mlp_activation_factor(job) if expert_copies else mlp) / tp
+    if expert_copies and m.experts > 1:
+        mlp *= mlp_activation_factor(job)
+    stored = attention + mlp / tp
     if recompute == "none" and not job.flash_attention:
         stored += 5.0 * m.heads * m.seq_len * sb / tp
     return stored

@@ -37,6 +37,7 @@ With these rules GPT-3 175B counts 174.6e9 parameters, Llama-2 7B/13B/70B
 from __future__ import annotations
 
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 
 from loom.errors import LoomInputError
 
@@ -75,6 +76,8 @@ class ModelSpec:
         None  # declared total; required for kind="cnn", else must be None
     )
     source: str = ""  # provenance / assumptions, free text
+    # heads·head_dim: Q's and the attention output's width (= hidden unless head_dim is set); derived
+    attention_width: int = dataclass_field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -129,6 +132,7 @@ class ModelSpec:
                     field="hidden",
                 )
             object.__setattr__(self, "head_dim", self.hidden // self.heads)
+        object.__setattr__(self, "attention_width", self.heads * self.head_dim)
         if self.heads % self.kv_heads:
             raise LoomInputError(
                 f"heads ({self.heads}) must be divisible by kv_heads ({self.kv_heads})",
@@ -164,10 +168,6 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.experts > 1
 
-    @property
-    def attention_width(self) -> int:
-        """heads·head_dim: Q's and the attention output's width (= hidden unless head_dim is set)."""
-        return self.heads * self.head_dim
 
     @property
     def ffn_type(self) -> str:

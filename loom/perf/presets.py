@@ -18,7 +18,7 @@ import yaml
 from loom.errors import LoomInputError, UnknownNameError
 from loom.perf.model import ModelSpec
 
-_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelSpec)) - {"name"}
+_FIELDS = frozenset(f.name for f in dataclasses.fields(ModelSpec) if f.init) - {"name"}
 
 
 def preset(name: str) -> ModelSpec:

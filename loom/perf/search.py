@@ -1,10 +1,17 @@
-"""Plan search: every valid (dp, tp, pp, micro-batch, vpp, ZeRO, recomputation)
+"""Plan search: every valid (dp, tp, pp, cp, ep, micro-batch, vpp, ZeRO, recomputation)
 for a job on N GPUs of one type, best by throughput.
 
 Any knob can be pinned (`Choices`); the rest are searched. Tensor parallelism
 is searched within a node only (powers of two dividing the heads); a pinned
 `tp` may span nodes. Ties go to the simpler plan: lower ZeRO stage, less
 recomputation, fewer virtual stages.
+
+Context parallelism is searched over cp ∈ {1, 2, 4, 8} for sequences of at least
+`LONG_SEQUENCE` tokens (where Megatron-Core recipes use it); shorter sequences
+search cp = 1 only, and cp ∈ {2, 4, 8} only when no plan with cp = 1 fits in
+memory. Expert parallelism is searched for MoE models over the divisors of the
+experts that divide dp·cp (EP adds no GPUs). Dense models with short sequences
+thus search exactly the plans they did before cp and ep existed.
 """
 
 from __future__ import annotations
@@ -22,9 +29,12 @@ from loom.perf.inputs import (
     TrainingJob,
     check_plan,
 )
+from loom.perf.memory import GIB
 
 MAX_MICRO_BATCH = 16
 VIRTUAL_STAGES = (1, 2, 3, 4, 6, 8)
+CONTEXT_PARALLEL = (1, 2, 4, 8)
+LONG_SEQUENCE = 8192  # cp is searched from this sequence length on (else only when nothing fits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +49,8 @@ class Choices:
     zero: int | None = None
     recompute: str | None = None
     zero_shard: int = 0
+    cp: int | None = None
+    ep: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,31 +62,60 @@ class SearchResult:
     reason: str  # why nothing fits (empty when something does)
 
 
-def candidate_plans(job: TrainingJob, hardware: Hardware, gpus: int, choices: Choices = Choices()) -> Iterator[ParallelPlan]:
-    """Valid plans for `gpus` GPUs (validity only: memory is the estimator's call)."""
+def candidate_plans(job: TrainingJob, hardware: Hardware, gpus: int, choices: Choices = Choices(),
+                    fallback: bool = False) -> Iterator[ParallelPlan]:
+    """Valid plans for `gpus` GPUs (validity only: memory is the estimator's call). With cp
+    unpinned and a short sequence, the cp = 1 plans; `fallback`: the cp > 1 ones the search
+    tries when none of those fits (`cp_fallback`)."""
     zeros, recomputes = _variant_knobs(choices)
-    for dp, tp, pp, mb, vpp in _candidate_shapes(job, hardware, gpus, choices):
-        for zero in zeros:
-            for recompute in recomputes:
-                yield ParallelPlan(dp, tp, pp, mb, vpp, zero, recompute, choices.zero_shard)
+    for shape in _candidate_shapes(job, hardware, gpus, choices, fallback):
+        yield from _variants(_shape_plan(shape, zeros[0], recomputes[0], choices.zero_shard), zeros, recomputes)
 
 
-def _candidate_shapes(job: TrainingJob, hardware: Hardware, gpus: int,
-                      choices: Choices) -> Iterator[tuple[int, int, int, int, int]]:
-    """(dp, tp, pp, micro-batch, vpp) of the candidates, in `candidate_plans` order; each
-    shape's ZeRO × recomputation variants (`_variant_knobs`) follow one another there."""
+def cp_fallback(est: Estimator, job: TrainingJob, hardware: Hardware, gpus: int, choices: Choices) -> bool:
+    """Whether to search cp > 1 when nothing fits with cp = 1: a short sequence with cp unpinned
+    (a long one had every cp already), and model states that could fit at all. Context
+    parallelism only divides activations; the least model state any plan holds per GPU is
+    16 bytes per parameter over all GPUs (ZeRO-3: weights, gradients and optimizer state
+    sharded over dp·cp, the rest over tp·pp; 4 with the optimizer offloaded), so when that
+    exceeds the memory, no cp helps and the fallback is skipped (it bounds the search's cost
+    on the many jobs too big for their GPUs)."""
+    model = job.model
+    if choices.cp is not None or model.kind == "cnn" or model.seq_len >= LONG_SEQUENCE:
+        return False
+    if not any(c > 1 and gpus % c == 0 and model.seq_len % (2 * c) == 0 for c in CONTEXT_PARALLEL):
+        return False
+    least_states = (4.0 if job.optimizer_offload else 16.0) * model.total_params() / gpus
+    return least_states / GIB <= hardware.spec.memory_gib - est.calibration.memory_reserve_gib
+
+
+Shape = tuple[int, int, int, int, int, int, int]  # dp, tp, pp, micro-batch, vpp, cp, ep
+
+
+def _shape_plan(shape: Shape, zero: int, recompute: str, zero_shard: int) -> ParallelPlan:
+    dp, tp, pp, mb, vpp, cp, ep = shape
+    return ParallelPlan(dp, tp, pp, mb, vpp, zero, recompute, zero_shard, cp, ep)
+
+
+def _candidate_shapes(job: TrainingJob, hardware: Hardware, gpus: int, choices: Choices,
+                      fallback: bool = False) -> Iterator[Shape]:
+    """(dp, tp, pp, micro-batch, vpp, cp, ep) of the candidates, in `candidate_plans` order; each
+    shape's ZeRO × recomputation variants (`_variant_knobs`) follow one another there.
+    `fallback`: the cp > 1 shapes of a short sequence (`cp_fallback`)."""
     model = job.model
     for tp in _tp_options(job, hardware, gpus, choices):
-        for pp in _pp_options(job, gpus // tp, choices):
-            dp = gpus // (tp * pp)
-            if choices.dp is not None and dp != choices.dp:
-                continue
-            if job.global_batch % dp:
-                continue
-            for mb in _micro_batches(job.global_batch // dp, choices):
-                micro_batches = job.global_batch // (mb * dp)
-                for vpp in _vpp_options(model.layers, pp, micro_batches, choices):
-                    yield dp, tp, pp, mb, vpp
+        for cp in _cp_options(job, gpus // tp, choices, fallback):
+            for pp in _pp_options(job, gpus // (tp * cp), choices):
+                dp = gpus // (tp * pp * cp)
+                if choices.dp is not None and dp != choices.dp:
+                    continue
+                if job.global_batch % dp:
+                    continue
+                for mb in _micro_batches(job.global_batch // dp, choices):
+                    micro_batches = job.global_batch // (mb * dp)
+                    for vpp in _vpp_options(model.layers, pp, micro_batches, choices):
+                        for ep in _ep_options(job, dp * cp, choices):
+                            yield dp, tp, pp, mb, vpp, cp, ep
 
 
 def _variant_knobs(choices: Choices) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -99,17 +140,23 @@ def search_plans(
     feasible: list[tuple[ParallelPlan, float, float]] = []  # plan, iteration_s, memory_gib_per_gpu
     considered = 0
     first_reason = ""
-    for plan in candidate_plans(job, hardware, gpus, choices):
-        try:
-            check_plan(job, plan, gpus)
-        except PlanError:
-            continue
-        considered += 1
-        iteration_s, memory_gib, why = est.price(job, hardware, plan, placement)
-        if not why:
-            feasible.append((plan, iteration_s, memory_gib))
-        elif not first_reason or memory_gib < _memory_of(first_reason):
-            first_reason = why
+    plans = candidate_plans(job, hardware, gpus, choices)
+    for fallback in (False, True):
+        if fallback:  # nothing fits with cp = 1: context parallelism for a short sequence
+            if feasible or not cp_fallback(est, job, hardware, gpus, choices):
+                break
+            plans = candidate_plans(job, hardware, gpus, choices, fallback=True)
+        for plan in plans:
+            try:
+                check_plan(job, plan, gpus)
+            except PlanError:
+                continue
+            considered += 1
+            iteration_s, memory_gib, why = est.price(job, hardware, plan, placement)
+            if not why:
+                feasible.append((plan, iteration_s, memory_gib))
+            elif not first_reason or memory_gib < _memory_of(first_reason):
+                first_reason = why
     feasible.sort(key=lambda priced: _rank(*priced))
     if not considered:
         reason = f"no valid plan for {gpus} GPUs with {_describe(choices)}"
@@ -161,20 +208,21 @@ def any_plan_fits(job: TrainingJob, hardware: Hardware, gpus: int, *, placement:
     `Estimator.fits` shape by shape (`_may_fit`); no plan is priced."""
     est = estimator or default_estimator()
     zeros, recomputes = _variant_knobs(choices)
+    fallbacks = (False, True) if cp_fallback(est, job, hardware, gpus, choices) else (False,)
     return any(_may_fit(est, job, hardware, plan, placement, zeros, recomputes)
-               for _, plan in _valid_shapes(job, hardware, gpus, choices))
+               for fallback in fallbacks for _, plan in _valid_shapes(job, hardware, gpus, choices, fallback))
 
 
-def _valid_shapes(job: TrainingJob, hardware: Hardware, gpus: int,
-                  choices: Choices) -> Iterator[tuple[int, ParallelPlan]]:
+def _valid_shapes(job: TrainingJob, hardware: Hardware, gpus: int, choices: Choices,
+                  fallback: bool = False) -> Iterator[tuple[int, ParallelPlan]]:
     """(candidate index of its first variant, that variant) of each shape (all knobs but ZeRO
     and recomputation) `check_plan` accepts — validity does not depend on those two."""
     zeros, recomputes = _variant_knobs(choices)
     width = len(zeros) * len(recomputes)  # variants per shape: candidate index = shape ordinal × width + offset
-    valid: dict[tuple[int, int, int, int], bool] = {}
-    for ordinal, (dp, tp, pp, mb, vpp) in enumerate(_candidate_shapes(job, hardware, gpus, choices)):
-        plan = ParallelPlan(dp, tp, pp, mb, vpp, zeros[0], recomputes[0], choices.zero_shard)
-        if (ok := valid.get(key := (tp, pp, mb, vpp))) is None:
+    valid: dict[tuple[int, ...], bool] = {}
+    for ordinal, shape in enumerate(_candidate_shapes(job, hardware, gpus, choices, fallback)):
+        plan = _shape_plan(shape, zeros[0], recomputes[0], choices.zero_shard)
+        if (ok := valid.get(key := shape[1:])) is None:  # dp follows from tp, pp and cp
             try:
                 check_plan(job, plan, gpus)
                 ok = valid[key] = True
@@ -187,7 +235,9 @@ def _valid_shapes(job: TrainingJob, hardware: Hardware, gpus: int,
 def _variants(plan: ParallelPlan, zeros: tuple[int, ...], recomputes: tuple[str, ...]) -> list[ParallelPlan]:
     """A shape's plans in candidate order (ZeRO outer, recomputation inner)."""
     dp, tp, pp, mb, vpp, shard = plan.dp, plan.tp, plan.pp, plan.micro_batch, plan.virtual_stages, plan.zero_shard
-    return [ParallelPlan(dp, tp, pp, mb, vpp, zero, recompute, shard) for zero in zeros for recompute in recomputes]
+    cp, ep = plan.cp, plan.ep
+    return [ParallelPlan(dp, tp, pp, mb, vpp, zero, recompute, shard, cp, ep) for zero in zeros
+            for recompute in recomputes]
 
 
 def _may_fit(est: Estimator, job: TrainingJob, hardware: Hardware, plan: ParallelPlan, placement: Placement,
@@ -201,9 +251,24 @@ def _may_fit(est: Estimator, job: TrainingJob, hardware: Hardware, plan: Paralle
 def _search(est: Estimator, job: TrainingJob, hardware: Hardware, gpus: int, placement: Placement, choices: Choices,
             or_unfit: bool) -> ParallelPlan | None:
     """Valid shapes in order of a bound on all their variants (`Estimator.floors(any_variant=True)`);
-    a shape's variants are made and bounded only when the search reaches it."""
+    a shape's variants are made and bounded only when the search reaches it. When none fits, the
+    cp > 1 shapes of a short sequence (`cp_fallback`), as `search_plans` does; `or_unfit` then
+    takes the fastest of the first shapes."""
+    primary = _shape_search(est, job, hardware, gpus, placement, choices, False)
+    best = primary(True)
+    if best is None and cp_fallback(est, job, hardware, gpus, choices):
+        best = _shape_search(est, job, hardware, gpus, placement, choices, True)(True)
+    if best is None and or_unfit:
+        best = primary(False)
+    return best
+
+
+def _shape_search(est: Estimator, job: TrainingJob, hardware: Hardware, gpus: int, placement: Placement,
+                  choices: Choices, fallback: bool) -> Callable[[bool], ParallelPlan | None]:
+    """Branch and bound over the first shapes or (`fallback`) the cp fallback's: called with True,
+    the best plan that fits; with False, the fastest ignoring memory (bounds shared by both)."""
     zeros, recomputes = _variant_knobs(choices)
-    shapes = list(_valid_shapes(job, hardware, gpus, choices))
+    shapes = list(_valid_shapes(job, hardware, gpus, choices, fallback))
     bounds = est.floors(job, hardware, [plan for _, plan in shapes], placement, any_variant=True)
     order = sorted(zip(bounds, range(len(shapes))), key=lambda b: (b[0], shapes[b[1]][0]))
     bounded: dict[int, list[tuple[float, int, ParallelPlan]]] = {}  # shape → its plans by (floor, index)
@@ -216,11 +281,11 @@ def _search(est: Estimator, job: TrainingJob, hardware: Hardware, gpus: int, pla
             found = bounded[shape] = sorted(zip(floors, range(first, first + len(plans)), plans),
                                             key=lambda b: (b[0], b[1]))
         return found
-    best = _branch_and_bound(est, job, hardware, placement, order, variants,
-                             lambda shape: _may_fit(est, job, hardware, shapes[shape][1], placement, zeros, recomputes))
-    if best is None and or_unfit:
-        best = _branch_and_bound(est, job, hardware, placement, order, variants, None)
-    return best
+
+    def may_fit(shape: int) -> bool:
+        return _may_fit(est, job, hardware, shapes[shape][1], placement, zeros, recomputes)
+
+    return lambda fit: _branch_and_bound(est, job, hardware, placement, order, variants, may_fit if fit else None)
 
 
 def _branch_and_bound(est: Estimator, job: TrainingJob, hardware: Hardware, placement: Placement,
@@ -267,6 +332,31 @@ def _memory_of(reason: str) -> float:
         return float(reason.split(":")[1].split("GiB")[0])
     except (IndexError, ValueError):
         return float("inf")
+
+
+def _cp_options(job: TrainingJob, ranks: int, choices: Choices, fallback: bool) -> list[int]:
+    """cp: the pinned one; else 1, 2, 4, 8 dividing the ranks and 2·cp the sequence, for a long
+    sequence; else 1 (and only cp > 1 in the `fallback` search)."""
+    if choices.cp is not None:
+        return [choices.cp] if ranks % choices.cp == 0 else []
+    model = job.model
+    if model.kind == "cnn":
+        return [1]
+    long = model.seq_len >= LONG_SEQUENCE
+    if not (long or fallback):
+        return [1]
+    return [c for c in CONTEXT_PARALLEL if ranks % c == 0 and model.seq_len % (2 * c) == 0
+            and (c > 1 or long) and not (fallback and c == 1)]
+
+
+def _ep_options(job: TrainingJob, ranks: int, choices: Choices) -> list[int]:
+    """ep: the pinned one; else, for an MoE model, the divisors of the experts dividing dp·cp."""
+    if choices.ep is not None:
+        return [choices.ep]
+    experts = job.model.experts
+    if experts == 1:
+        return [1]
+    return [e for e in range(1, min(experts, ranks) + 1) if experts % e == 0 and ranks % e == 0]
 
 
 def _tp_options(job: TrainingJob, hardware: Hardware, gpus: int, choices: Choices) -> list[int]:
@@ -322,6 +412,7 @@ def _vpp_options(layers: int, pp: int, micro_batches: int, choices: Choices) -> 
 def _describe(choices: Choices) -> str:
     pinned = [f"{k}={v}" for k, v in (
         ("tp", choices.tp), ("pp", choices.pp), ("dp", choices.dp), ("micro_batch", choices.micro_batch),
-        ("vpp", choices.vpp), ("zero", choices.zero), ("recompute", choices.recompute),
+        ("vpp", choices.vpp), ("zero", choices.zero), ("recompute", choices.recompute), ("cp", choices.cp),
+        ("ep", choices.ep),
     ) if v is not None]  # fmt: skip
     return ", ".join(pinned) or "no pinned knobs"
