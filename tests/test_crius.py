@@ -28,7 +28,7 @@ def avg_jct(result) -> float:
 def arena_runs():
     topo = load_cluster("arena-1280")
     specs = sorted(load_trace("arena-pai"), key=lambda s: s.submit_time)[:N_JOBS]
-    crius = Crius(run_while_profiling=False)  # every job waits for its profiling
+    crius = Crius(run_while_profiling=False, reuse_profiles=False)  # every job waits for its own profiling
     runs = {}
     for name, policy in (("fcfs", FCFS()), ("crius", crius)):
         runs[name] = Simulation(topo, specs, policy, BestFit(), EstimatorSpeed()).run()
@@ -56,8 +56,9 @@ def test_profiling_delay_recorded_and_respected(arena_runs):
     assert len(starts) == N_JOBS
     for t, d in starts:
         delay = crius.profiling_delay_s[d.job_id]
-        assert delay > 0
-        assert t >= by_id[d.job_id].spec.submit_time + delay - 1e-6
+        admit = crius.cells_of(by_id[d.job_id]).admit_delay_s  # its Cells of ≤ N GPUs
+        assert 0 < admit <= delay
+        assert t >= by_id[d.job_id].spec.submit_time + admit - 1e-6
         assert "profiled" in d.reason and d.reason.startswith("crius: start")
 
 

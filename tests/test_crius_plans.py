@@ -89,8 +89,12 @@ def test_running_while_profiling_starts_as_submitted_then_grows(hetero):
     delay = crius.profiling_delay_s["a"]
     assert start_t == 0.0 and start.allocation.total == 4 and "while profiling" in start.reason
     assert start.plan is not None and start.plan.tp == start.plan.pp == 1  # as submitted: data-parallel
-    grows = [t for t, d in result.decisions if isinstance(d, Resize)]
-    assert grows and min(grows) >= delay  # nothing moves before its Cells are known
+    cells = crius.book_for(hetero).of(result.jobs[0])
+    grows = [(t, d) for t, d in result.decisions if isinstance(d, Resize)]
+    assert grows and min(t for t, _ in grows) >= cells.admit_delay_s  # nothing moves before its Cells are known
+    for t, d in grows:  # each growth to an option whose Cells are profiled by then
+        assert t >= cells.ready_at[("A100-80GB", d.allocation.total)] - 1e-6
+    assert delay == cells.delay_s
     assert crius.summary_stats()["profiling_starts"] == 1
 
 
@@ -100,3 +104,38 @@ def test_bad_new_params(params):
     from loom.errors import LoomInputError
     with pytest.raises(LoomInputError):
         Crius(**params)
+
+
+def test_profiles_are_reused_across_jobs_of_the_same_shape(hetero):
+    specs = [model_job("a", 0.0, 4), model_job("b", 50.0, 4), model_job("c", 5000.0, 4), model_job("d", 100.0, 8)]
+    crius = Crius(profiling_s_per_cell=20.0)
+    Simulation(hetero, specs, crius, BestFit(), EstimatorSpeed()).run()
+    delay = crius.profiling_delay_s
+    assert delay["a"] > 50.0
+    assert delay["b"] == pytest.approx(delay["a"] - 50.0)  # waits for a's profile, profiles nothing new
+    assert delay["c"] == 0.0  # profiled long ago
+    assert 0.0 < delay["d"] < delay["a"]  # shares a's Cells at 4, 8 and 16 GPUs, profiles its 32-GPU ones
+    alone = Crius(profiling_s_per_cell=20.0, reuse_profiles=False)
+    Simulation(hetero, specs, alone, BestFit(), EstimatorSpeed()).run()
+    assert alone.profiling_delay_s["c"] == alone.profiling_delay_s["a"] == delay["a"]
+
+
+def test_admission_waits_only_for_the_cells_it_considers(hetero):
+    crius = Crius(profiling_s_per_cell=20.0, run_while_profiling=False, max_scale=4)
+    result = Simulation(hetero, [model_job("a", 0.0, 4, iterations=200000)], crius, BestFit(), EstimatorSpeed()).run()
+    cells = crius.book_for(hetero).of(result.jobs[0])
+    assert 0.0 < cells.admit_delay_s < cells.delay_s  # the 8- and 16-GPU Cells are profiled last
+    start_t, start = next((t, d) for t, d in result.decisions if isinstance(d, Start))
+    assert start_t == pytest.approx(cells.admit_delay_s) and start.allocation.total <= 4  # no growth yet
+    grow_t, grow = next((t, d) for t, d in result.decisions if isinstance(d, Resize))
+    # a Timer wakes Crius when a larger option's Cells are known (fewest GPUs first)
+    assert grow_t == pytest.approx(cells.ready_at[("A100-80GB", grow.allocation.total)])
+    assert grow_t < cells.delay_s
+
+
+def test_growth_must_save_more_than_its_restart(hetero):
+    specs = [blocker(), model_job("v", 10.0, 4, "V100", BOTH)]
+    _, cheap = run(hetero, specs, min_remaining_factor=0.0, restart_delay_s=30.0)
+    _, dear = run(hetero, specs, min_remaining_factor=0.0, restart_delay_s=1e6)
+    assert any(isinstance(d, (Resize, Migrate)) for _, d in cheap.decisions)
+    assert not any(isinstance(d, (Resize, Migrate)) for _, d in dear.decisions)  # a move would cost more

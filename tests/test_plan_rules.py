@@ -84,3 +84,14 @@ def test_sia_runs_data_parallel_plans_and_pays_profiling(hetero):
     assert all("runs data-parallel" in d.reason for d in moves)
     free = Simulation(hetero, [bert(gpus=4)], Sia(profiling_s=0.0), BestFit(), EstimatorSpeed()).run()
     assert next(t for t, d in free.decisions if isinstance(d, Start)) == 0.0
+
+
+def test_sia_reuses_a_profile_of_the_same_shape(hetero):
+    sia = Sia(profiling_s=20.0, round_s=10.0)
+    specs = [bert(gpus=4), bert("b", 300.0, 4), bert("c", 300.0, 4)]
+    specs[2] = JobSpec(job_id="c", submit_time=300.0, gpus=4, gpu_type="A100-80GB", model="bert__1.3B",
+                       batch_size=128, iterations=2000)
+    result = Simulation(hetero, specs, sia, BestFit(), EstimatorSpeed()).run()
+    first = {d.job_id: t for t, d in reversed(result.decisions) if isinstance(d, Start)}
+    assert first["a"] == 20.0 and first["b"] == 300.0  # b's shape was profiled for a
+    assert first["c"] >= 320.0  # a new shape is profiled first

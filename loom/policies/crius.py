@@ -36,7 +36,8 @@ One round (on every arrival / completion / timer), in this order:
 4. *Growth, `search_depth` greedy steps.* Running jobs move up: a larger Cell on
    their type using free GPUs (also restoring shrunk jobs), or any Cell of another
    type (≤ max(current, N) GPUs without `grow_other_types`). Best Δ first; a step
-   must gain ≥ `min_gain` with ≥ `min_remaining_factor × restart_delay_s` left.
+   must gain ≥ `min_gain`, save more time than its restart costs, with ≥
+   `min_remaining_factor × restart_delay_s` left.
    A job changes at most once per round; opportunistic jobs are left alone; a job
    step 3 shrank or moved down waits `regrow_hold_s` (damps admit-then-halve /
    re-grow cycles, counted as `oscillations`).
@@ -45,10 +46,8 @@ One round (on every arrival / completion / timer), in this order:
    GPUs of its target type that no one else may use.
 
 Every Resize/Migrate charges `restart_delay_s` of checkpoint-restart as `pause_s`.
-
-`max_scale` = 4 by default: Crius's Cells stop at 2N (``max_scale=2``), but its
-successor Arena grows jobs by doubling up to 16 GPUs. A job started in this
-round may start on a larger Cell instead when GPUs stay idle (no restart to pay).
+`max_scale` = 4: Crius's Cells stop at 2N, Arena grows jobs by doubling up to 16
+GPUs. A job started this round may start on a larger Cell instead (no restart).
 """
 
 from __future__ import annotations
@@ -64,6 +63,7 @@ from loom.hardware.state import Allocation
 from loom.hardware.topology import Topology
 from loom.policies import params
 from loom.policies.crius_cells import CellBook, JobCells, Option, TunedPlan
+from loom.policies.crius_moves import greedy_cover, single_cover
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +82,10 @@ class Crius:
 
     def __init__(self, search_depth: int = 8, admit_depth: int = 3, restart_delay_s: float = 30.0,
                  profiling_s_per_cell: float = 20.0, starvation_s: float = 3600.0, opportunistic: bool = True,
-                 max_candidates: int = 16, min_gain: float = 0.05, min_remaining_factor: float = 10.0,
+                 max_candidates: int = 16, min_gain: float = 0.05, min_remaining_factor: float = 2.0,
                  max_scale: int = 4, admit_min_gain: float = -0.5, tune_cells: int = 4,
                  regrow_hold_s: float = 1800.0, grow_other_types: bool = True,
-                 run_while_profiling: bool = True) -> None:
+                 run_while_profiling: bool = True, reuse_profiles: bool = True) -> None:
         self.search_depth = params.integer(search_depth, "search_depth", low=0)
         self.admit_depth = params.integer(admit_depth, "admit_depth", low=0)
         self.restart_delay_s = params.number(restart_delay_s, "restart_delay_s", low=0)
@@ -101,6 +101,7 @@ class Crius:
         self.regrow_hold_s = params.number(regrow_hold_s, "regrow_hold_s", low=0)
         self.grow_other_types = params.boolean(grow_other_types, "grow_other_types")
         self.run_while_profiling = params.boolean(run_while_profiling, "run_while_profiling")
+        self.reuse_profiles = params.boolean(reuse_profiles, "reuse_profiles")
         self.shrunk_at: dict[str, float] = {}  # job id → when admission last shrank or moved it down
         self.profiling_delay_s: dict[str, float] = {}
         self.held: Hold | None = None
@@ -118,7 +119,8 @@ class Crius:
     def book_for(self, topology: Topology) -> CellBook:
         """The Cells (and tuned plans) of the jobs seen on `topology`."""
         if self._book is None or self._topo_key != id(topology):
-            self._book = CellBook(topology, self.max_scale, self.profiling_s_per_cell, self.tune_cells)
+            self._book = CellBook(topology, self.max_scale, self.profiling_s_per_cell, self.tune_cells,
+                                  self.reuse_profiles)
             self._topo_key = id(topology)
         return self._book
 
@@ -209,7 +211,20 @@ class _Round:
                 f"(cell throughput {opt.value:.2f}× requested)")
 
     def ready(self, job: Job) -> bool:
+        """Every Cell profiled: the job may grow, shrink or move."""
         return self.now >= job.spec.submit_time + self.p.cells_of(job).delay_s - 1e-9
+
+    def known(self, job: Job) -> dict[tuple[str, int], Option]:
+        """The options whose Cells are profiled by now (all of them once `ready`)."""
+        cells = self.p.cells_of(job)
+        if self.ready(job):
+            return cells.options
+        elapsed = self.now - job.spec.submit_time + 1e-9
+        return {k: o for k, o in cells.options.items() if cells.ready_at.get(k, 0.0) <= elapsed}
+
+    def admissible(self, job: Job) -> bool:
+        """Its Cells of at most N GPUs profiled: admission may start it."""
+        return self.now >= job.spec.submit_time + self.p.cells_of(job).admit_delay_s - 1e-9
 
     def current_value(self, job: Job) -> float:
         alloc, t = self.cur[job.job_id]
@@ -333,18 +348,19 @@ class _Round:
         pending = list(ctx.pending.values())
         waiting = [j for j in pending if not self.ready(j)] + [j for j in ctx.running.values() if not self.ready(j)]
         if waiting:
-            at = min(j.spec.submit_time + p.profiling_delay_s[j.job_id] for j in waiting)
+            at = min(j.spec.submit_time + min(s for s in p.cells_of(j).ready_at.values()
+                                              if j.spec.submit_time + s > self.now + 1e-9) for j in waiting)
             if at not in p._timers and at >= self.now:
                 p._timers.add(at)
                 self.extra.append(Timer(at, f"crius: {len(waiting)} job(s) profiling until then"))
-        ready = [j for j in pending if self.ready(j) and self.options(j)]
+        ready = [j for j in pending if self.admissible(j) and self.options(j)]
         self.starved = {j.job_id for j in ready if self.now - j.spec.submit_time > p.starvation_s}
         ready.sort(key=lambda j: (j.job_id not in self.starved, j.key))
         self.queue = ready
         self.head_first()
         self.anti_starvation()
         self.admit_pass()
-        self.profile_pass([j for j in pending if not self.ready(j)])
+        self.profile_pass([j for j in pending if not self.admissible(j)])
         self.grow_pass()
         self.update_hold()
 
@@ -354,7 +370,7 @@ class _Round:
             return
         head = self.ctx.pending[held.job_id]
         opt = self.options(head).get((held.gpu_type, held.gpus))
-        if opt is None or not self.ready(head):
+        if opt is None or not self.admissible(head):
             self.p.held = None
             return
         tag = "starved: priority, " if head.job_id in self.starved else ""
@@ -399,7 +415,7 @@ class _Round:
             if jt != t or jid in self.touched:
                 continue
             r = self.job_of[jid]
-            if not self.ready(r):
+            if not self.admissible(r):
                 continue
             lower = [c for (tt, c) in self.options(r) if tt == t and c < alloc.total and 2 * c >= r.gpus]
             if lower:
@@ -463,9 +479,9 @@ class _Round:
             if t != gpu_type or jid in self.touched or jid in self.p.opportunistic_jobs:
                 continue
             r = self.ctx.running[jid]
-            if self.remaining_s(r) < self.p.restart_delay_s or not self.ready(r):
+            if self.remaining_s(r) < self.p.restart_delay_s or not self.admissible(r):
                 continue
-            now_v, options = self.current_value(r), self.options(r)
+            now_v, options = self.current_value(r), self.known(r)
             lower = max((c for (t2, c) in options if t2 == gpu_type and c < alloc.total), default=0)
             cands = [(now_v - options[(gpu_type, lower)].value, alloc.total - lower, options[(gpu_type, lower)])
                      ] if lower else []
@@ -480,13 +496,15 @@ class _Round:
 
     def admit_by_rescaling(self, job: Job, opts: list[Option]) -> bool:
         best: tuple[float, Option, list] | None = None
+        type_of = {jid: jt for jid, (_, jt) in self.cur.items()}
         for opt in opts:
             t = opt.gpu_type
             deficit = opt.gpus - self.avail(t, job)
             if deficit <= 0 or (t == self.starved_type and job.job_id not in self.starved):
                 continue
             moves = self.freeing_moves(t)
-            for chosen in (self._greedy(moves, deficit), self._single(moves, deficit)):
+            for chosen in (greedy_cover(moves, deficit, self.free, type_of, self.p.admit_depth),
+                           single_cover(moves, deficit)):
                 if chosen is not None:
                     total = opt.value - sum(m[0] for m in chosen)
                     if best is None or total > best[0]:
@@ -505,29 +523,6 @@ class _Round:
             return False
         self.p.stats["admitted_by_rescaling"] += 1
         return True
-
-    def _greedy(self, moves: list, deficit: int) -> list | None:
-        """Cheapest value lost per GPU freed first, ≤ admit_depth moves; a move to
-        another type uses that type's free GPUs, so two moves cannot share them."""
-        chosen, freed, other = [], 0, dict(self.free)
-        for m in moves:  # sorted: cheapest value lost per GPU freed first
-            new = m[3]
-            if new.gpu_type != self.cur[m[2].job_id][1]:
-                if other[new.gpu_type] < new.gpus:
-                    continue
-                other[new.gpu_type] -= new.gpus
-            chosen.append(m)
-            freed += m[1]
-            if freed >= deficit:
-                return chosen
-            if len(chosen) >= self.p.admit_depth:
-                return None
-        return None
-
-    @staticmethod
-    def _single(moves: list, deficit: int) -> list | None:
-        covering = [m for m in moves if m[1] >= deficit]
-        return [min(covering, key=lambda m: m[0])] if covering else None
 
     def _save(self) -> tuple:
         plan = self.plan
@@ -553,17 +548,20 @@ class _Round:
             if (jid in self.touched and jid not in self.fresh) or jid in p.opportunistic_jobs:
                 continue
             r = self.job_of[jid]
-            if not self.ready(r) or (jid not in self.fresh
+            if not self.admissible(r) or (jid not in self.fresh
                                      and self.remaining_s(r) < p.min_remaining_factor * p.restart_delay_s):
                 continue
             if self.now - p.shrunk_at.get(jid, -float("inf")) < p.regrow_hold_s:
                 p.stats["regrowths_held"] += 1
                 continue
             now_v = self.current_value(r)
-            for (t2, c), o in self.options(r).items():
+            left = self.remaining_s(r)
+            for (t2, c), o in self.known(r).items():
                 if (c <= alloc.total) if t2 == t else (not p.grow_other_types and c > max(alloc.total, r.gpus)):
                     continue
-                if o.value - now_v >= p.min_gain:
+                # the step must gain min_gain and, unless the job starts now, save more than its restart
+                pays = jid in self.fresh or left * (1.0 - now_v / o.value) > p.restart_delay_s
+                if o.value - now_v >= p.min_gain and pays:
                     candidates.append((o.value - now_v, jid, o))
         candidates.sort(key=lambda x: (-x[0], x[1]))
         steps, grown = 0, set()

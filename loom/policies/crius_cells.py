@@ -21,12 +21,21 @@ count), so each shape is tuned once per run.
 
 Profiling delay: Crius profiles every Cell's stages on single devices, GPU
 types in parallel, so a job is ready ``max over types (that type's Cells ×
-profiling_s_per_cell)`` after it arrives.
+profiling_s_per_cell)`` after it arrives. With `reuse_profiles` Crius
+accumulates profiling data (Crius §5.1: computation is profiled at run time
+and kept, communication offline): a Cell — (model, batch, type, count,
+stages) — profiled for an earlier job is not profiled again, and one being
+profiled is waited for; a type's device profiles only the job's new Cells, in
+turn. A job without a preset is profiled once per allowed type, never reused.
+Each device profiles the Cells of at most N GPUs first, then the largest
+counts down to 2N (`_profile_order`): admission only considers those, so a job may be admitted after
+`admit_delay_s`; a larger (type, count) option becomes usable for growth as
+soon as its Cells are profiled (`ready_at`), all of them after `delay_s`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -76,8 +85,10 @@ class TunedPlan:
 @dataclass(slots=True)
 class JobCells:
     options: dict[tuple[str, int], Option]
-    delay_s: float
+    delay_s: float  # every Cell profiled: growth may use them all
     requested: int
+    admit_delay_s: float = 0.0  # the Cells of at most N GPUs profiled: admission may start the job
+    ready_at: dict[tuple[str, int], float] = field(default_factory=dict)  # option → its Cells profiled (s)
 
 
 def cell_counts(n: int, max_scale: int) -> list[int]:
@@ -93,8 +104,11 @@ def cell_counts(n: int, max_scale: int) -> list[int]:
 class CellBook:
     """Cells of every job seen, built once per job for one topology."""
 
-    def __init__(self, topology: Topology, max_scale: int, profiling_s_per_cell: float, tune_cells: int = 4) -> None:
+    def __init__(self, topology: Topology, max_scale: int, profiling_s_per_cell: float, tune_cells: int = 4,
+                 reuse_profiles: bool = True) -> None:
         self.max_scale = max_scale
+        self.reuse_profiles = reuse_profiles
+        self._profiled: dict[tuple, float] = {}  # Cell key → when its profile is (or was) ready
         self.tune_cells = tune_cells
         self.estimator = Estimator()
         self._tuned: dict[tuple, TunedPlan] = {}
@@ -160,7 +174,7 @@ class CellBook:
     def _build(self, job: Job) -> JobCells:
         spec, n = job.spec, job.gpus
         allowed = [t for t in self.hardware if spec.gpu_types is None or t in spec.gpu_types]
-        per_type: dict[str, int] = {}
+        per_type: dict[str, list[tuple]] = {}  # type → keys of the job's Cells there
         options: dict[tuple[str, int], Option] = {}
         if spec.model and spec.model in preset_names():
             options = self._from_cells(job, allowed, per_type) or self._from_speed_model(job, allowed)
@@ -168,11 +182,29 @@ class CellBook:
             for t in ([spec.gpu_type] if spec.gpu_type in self.hardware else allowed):
                 if n <= self.capacity[t]:
                     options[(t, n)] = Option(t, n, 1.0, 1, None)
-                per_type[t] = 1
-        delay = max(per_type.values(), default=0) * self.profiling_s_per_cell
-        return JobCells(options, delay, n)
+                per_type[t] = [("job", job.job_id, t)]
+        ready_at = self._profile(spec.submit_time, per_type, n)
+        admit = max((s for (_, c), s in ready_at.items() if c <= n), default=0.0)
+        return JobCells(options, max(ready_at.values(), default=0.0), n, admit, ready_at)
 
-    def _from_cells(self, job: Job, allowed: list[str], per_type: dict[str, int]) -> dict[tuple[str, int], Option]:
+    def _profile(self, arrival: float, per_type: dict[str, list[tuple]], n: int) -> dict[tuple[str, int], float]:
+        """Seconds from `arrival` until each (type, count)'s Cells are profiled (module docstring)."""
+        ready_at: dict[tuple[str, int], float] = {}
+        for gpu_type, keys in per_type.items():
+            clock = arrival  # one device of the type profiles the new Cells in turn: ≤ n GPUs, then larger
+            for key in sorted(keys, key=lambda k: _profile_order(k, n)):
+                known = self._profiled.get(key) if self.reuse_profiles and key[0] != "job" else None
+                if known is None:
+                    clock += self.profiling_s_per_cell
+                    known = clock
+                    if self.reuse_profiles:
+                        self._profiled[key] = known
+                option = (gpu_type, n) if key[0] == "job" else (gpu_type, key[3])
+                ready_at[option] = max(ready_at.get(option, arrival), known)
+        return {option: at - arrival for option, at in ready_at.items()}
+
+    def _from_cells(self, job: Job, allowed: list[str], per_type: dict[str, list[tuple]]
+                    ) -> dict[tuple[str, int], Option]:
         spec, n = job.spec, job.gpus
         # One job for every count, so their throughputs compare: the batch rule at N·max_scale, the
         # largest Cell when max_scale is a power of two (then every count divides it).
@@ -180,7 +212,9 @@ class CellBook:
         estimates = build_cells(tj, n, {t: self.hardware[t] for t in allowed}, counts=cell_counts(n, self.max_scale))
         best: dict[tuple[str, int], CellEstimate] = {}
         for ce in estimates:
-            per_type[ce.cell.gpu_type] = per_type.get(ce.cell.gpu_type, 0) + 1
+            cell = ce.cell
+            per_type.setdefault(cell.gpu_type, []).append((spec.model, spec.batch_size, cell.gpu_type, cell.gpus,
+                                                           cell.stages))
             key = (ce.cell.gpu_type, ce.cell.gpus)
             if ce.estimate is not None and (key not in best or ce.tokens_per_s > best[key].tokens_per_s):
                 best[key] = ce
@@ -212,6 +246,15 @@ class CellBook:
                 if ref > 0 and thr > 0 and count <= self.capacity[t]:
                     options[(t, count)] = Option(t, count, thr / ref, 1, None)
         return options
+
+
+def _profile_order(key: tuple, n: int) -> tuple[int, int]:
+    """Cells of N, then N/2 GPUs first (admission needs them), then the largest counts down to
+    2N: on an idle cluster growth goes straight to the largest Cell, so it is known first."""
+    if key[0] == "job":
+        return (0, 0)
+    count = key[3]
+    return (0, n - count) if count <= n else (1, -count)
 
 
 __all__ = ["CellBook", "JobCells", "Option", "TunedPlan", "cell_counts"]

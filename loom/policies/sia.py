@@ -36,11 +36,13 @@ Rules as built here
   of each type bootstrap its goodput model), so a job joins the rounds
   `profiling_s` after it arrives — one Crius Cell's profile, where Crius
   profiles every Cell of every type (issue 23: every policy that profiles pays
-  for it). An idle cluster opens a round as soon as a job is profiled.
+  for it). An idle cluster opens a round as soon as a job is profiled. With
+  `reuse_profiles` (the rule Crius follows too) a job whose (model, batch)
+  was profiled for an earlier job is ready when that profile is.
 
 Parameters: `round_s` (in [1, 3600], default 120), `p` (< 1, default −0.5),
 `pause_s` (≥ 0, default 30), `max_scale` (integer ≥ 1, default 4),
-`profiling_s` (≥ 0, default 20).
+`profiling_s` (≥ 0, default 20), `reuse_profiles` (default true).
 """
 
 from __future__ import annotations
@@ -72,12 +74,14 @@ class Sia:
     name = "sia"
 
     def __init__(self, round_s: float = 120.0, p: float = -0.5, pause_s: float = 30.0, max_scale: int = 4,
-                 profiling_s: float = 20.0) -> None:
+                 profiling_s: float = 20.0, reuse_profiles: bool = True) -> None:
         self.round_s = params.number(round_s, "round_s", low=1, high=3600)
         self.p = params.number(p, "p", high=1, high_open=True)
         self.pause_s = params.number(pause_s, "pause_s", low=0)
         self.max_scale = params.integer(max_scale, "max_scale", low=1)
         self.profiling_s = params.number(profiling_s, "profiling_s", low=0)
+        self.reuse_profiles = params.boolean(reuse_profiles, "reuse_profiles")
+        self.profiled_at: dict[object, float] = {}  # (model, batch) or job id → when its profile is ready
         self.next_round = -math.inf
         self.rounds_solved = 0
         self._tp: Throughputs | None = None
@@ -94,8 +98,8 @@ class Sia:
             return []
         if ctx.now < self.next_round:
             return []  # between rounds (a Timer for the next one is outstanding)
-        profiling = {j.job_id: j.spec.submit_time + self.profiling_s for j in ctx.pending.values()
-                     if j.first_start is None and ctx.now < j.spec.submit_time + self.profiling_s - 1e-9}
+        profiling = {j.job_id: ready for j in ctx.pending.values()
+                     if j.first_start is None and ctx.now < (ready := self._profiled(j)) - 1e-9}
         if not ctx.running and len(profiling) == len(ctx.pending):  # idle: a round once a job is profiled
             self.next_round = min(profiling.values())
             return [Timer(self.next_round, f"sia: {len(profiling)} job(s) profiling until then")]
@@ -119,6 +123,15 @@ class Sia:
         apply_targets(plan, targets, self.pause_s, reason)
         plan.decisions.append(Timer(self.next_round, f"sia: next round in {self.round_s:.0f}s"))
         return with_dp_plans(plan.decisions, ctx, self._tp)
+
+    def _profiled(self, job: Job) -> float:
+        """When `job`'s profile is ready: its own, or with `reuse_profiles` the first of its shape."""
+        spec = job.spec
+        key = (spec.model, spec.batch_size) if self.reuse_profiles and spec.model else job.job_id
+        ready = self.profiled_at.get(key)
+        if ready is None:
+            ready = self.profiled_at[key] = spec.submit_time + self.profiling_s
+        return ready
 
     def _curve(self, job: Job, gpu_type: str) -> list[tuple[int, float, float, float]]:
         """(GPUs, normalised goodput, its utility, utility after the restart discount) per
