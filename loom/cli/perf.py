@@ -33,6 +33,7 @@ class Recompute(str, Enum):
 class Precision(str, Enum):
     bf16 = "bf16"
     fp16 = "fp16"
+    fp8 = "fp8"
 
 
 class PlanMode(str, Enum):
@@ -71,6 +72,17 @@ NoSeqPar = Annotated[bool, typer.Option(
     "--no-sequence-parallel", help="Without sequence parallelism: norm/dropout activations replicated over TP.")]
 MicroBatch = Annotated[int | None, typer.Option("--micro-batch", min=1, help="Micro-batch (searched if omitted).")]
 Tp = Annotated[int | None, typer.Option("--tp", min=1, help="Tensor-parallel size.")]
+Cp = Annotated[int | None, typer.Option("--cp", min=1, help="Context-parallel size: each sequence split over cp ranks "
+                                        "(ring attention); GPUs = dp·tp·pp·cp. Searched if omitted with --plan auto.")]
+Ep = Annotated[int | None, typer.Option("--ep", min=1, help="Expert-parallel size (MoE): experts sharded over ep of the "
+                                        "dp·cp ranks. Searched if omitted with --plan auto.")]
+Experts = Annotated[int | None, typer.Option("--experts", min=1, help="Custom model: experts per MoE layer (1 = dense).")]
+TopK = Annotated[int | None, typer.Option("--top-k", min=1, help="Custom model: experts each token is routed to.")]
+CapacityFactor = Annotated[float, typer.Option(
+    "--capacity-factor", help="MoE expert capacity / balanced share (1.0: dropless, balanced; pads expert compute and "
+                              "all-to-all).")]
+DistOpt = Annotated[bool, typer.Option(
+    "--distributed-optimizer", help="Megatron's distributed optimizer: optimizer state sharded over DP (= --zero 1).")]
 Pp = Annotated[int | None, typer.Option("--pp", min=1, help="Pipeline-parallel size.")]
 Dp = Annotated[int | None, typer.Option("--dp", min=1, help="Data-parallel size (default GPUs/(tp·pp)).")]
 Vpp = Annotated[int | None, typer.Option("--vpp", min=1, help="Virtual pipeline stages (interleaving).")]
@@ -93,14 +105,15 @@ Cells = Annotated[bool, typer.Option("--cells/--no-cells", help="Also list Crius
 CUSTOM_FLAGS = ("--layers", "--hidden", "--heads", "--seq", "--vocab")
 # optional custom-model flags -> ModelSpec fields (None / False: the field's default)
 SHAPE_FLAGS = {"--ffn-hidden": "ffn_hidden", "--kv-heads": "kv_heads", "--ffn-type": "mlp",
-               "--untied-embeddings": "tied_embeddings"}
+               "--untied-embeddings": "tied_embeddings", "--experts": "experts", "--top-k": "top_k"}
 
 
 def shape_options(ffn_hidden: int | None, kv_heads: int | None, ffn_type: FfnType | None,
-                  untied: bool) -> dict[str, Any]:
+                  untied: bool, experts: int | None = None, top_k: int | None = None) -> dict[str, Any]:
     """The optional custom-model flags given, keyed by flag (what `build_model` takes)."""
     given = {"--ffn-hidden": ffn_hidden, "--kv-heads": kv_heads,
-             "--ffn-type": ffn_type.value if ffn_type else None, "--untied-embeddings": False if untied else None}
+             "--ffn-type": ffn_type.value if ffn_type else None, "--untied-embeddings": False if untied else None,
+             "--experts": experts, "--top-k": top_k}
     return {flag: value for flag, value in given.items() if value is not None}
 
 
@@ -108,18 +121,33 @@ def _command_inputs(model: Any, layers: Any, hidden: Any, heads: Any, seq: Any, 
                     gpu_type: str, gpus_per_node: int, nic_gbps: Any, global_batch: int, precision: Precision,
                     no_flash: bool, grad_bytes: int, activation_bytes: int, dp_minipods: int, pp_minipods: int,
                     knobs: Choices, split: PipelineSplit = PipelineSplit.uneven,
-                    sequence_parallel: bool = True) -> tuple[Any, Any, Any, Choices]:
+                    sequence_parallel: bool = True, capacity_factor: float = 1.0) -> tuple[Any, Any, Any, Choices]:
     """What `estimate` and `plan` share: the job, hardware, group spread and pinned knobs."""
     spec = build_model(model, {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq, "vocab": vocab},
                        options)
     job, hardware = build_inputs(gpu_type, gpus_per_node, nic_gbps, spec, global_batch, precision, no_flash,
-                                 grad_bytes, activation_bytes, split, sequence_parallel)
+                                 grad_bytes, activation_bytes, split, sequence_parallel, capacity_factor)
     return job, hardware, build_placement(dp_minipods, pp_minipods), knobs
+
+
+def _choices(tp: int | None, pp: int | None, dp: int | None, micro_batch: int | None, vpp: int | None,
+             zero: int | None, recompute: Recompute | None, cp: int | None, ep: int | None,
+             distributed_optimizer: bool) -> Choices:
+    """The pinned knobs; --distributed-optimizer is Megatron's name for ZeRO-1 (optimizer state
+    sharded over the dp·cp ranks), so it pins zero 1 and refuses another --zero."""
+    from loom.perf.search import Choices
+
+    if distributed_optimizer:
+        if zero not in (None, 1):
+            raise LoomInputError(f"--distributed-optimizer is --zero 1; it cannot be combined with --zero {zero}",
+                                 field="--distributed-optimizer")
+        zero = 1
+    return Choices(tp, pp, dp, micro_batch, vpp, zero, recompute.value if recompute else None, cp=cp, ep=ep)
 
 
 def _unset(knobs: Any) -> list[str]:
     """Plan knobs not given on the command line (searched)."""
-    return [name for name in ("tp", "pp", "dp", "micro_batch", "vpp", "zero", "recompute")
+    return [name for name in ("tp", "pp", "dp", "micro_batch", "vpp", "zero", "recompute", "cp", "ep")
             if getattr(knobs, name) is None]
 
 
@@ -149,13 +177,18 @@ def build_model(model: str | None, shape: dict[str, int | None], options: dict[s
 
 def build_inputs(gpu_type: str, gpus_per_node: int, nic_gbps: float | None, model: Any, global_batch: int,
                  precision: Precision, no_flash: bool, grad_bytes: int = 2, activation_bytes: int = 2,
-                 split: PipelineSplit = PipelineSplit.uneven, sequence_parallel: bool = True) -> tuple[Any, Any]:
+                 split: PipelineSplit = PipelineSplit.uneven, sequence_parallel: bool = True,
+                 capacity_factor: float = 1.0) -> tuple[Any, Any]:
     from loom.perf.inputs import Hardware, TrainingJob
 
     hardware = Hardware(gpu_type, gpus_per_node=gpus_per_node, nic_gbps=nic_gbps)
-    job = TrainingJob(model, global_batch, precision=precision.value, flash_attention=not no_flash,
-                      grad_bytes=grad_bytes, activation_bytes=activation_bytes, pipeline_split=split.value,
-                      sequence_parallel=sequence_parallel)
+    try:
+        job = TrainingJob(model, global_batch, precision=precision.value, flash_attention=not no_flash,
+                          grad_bytes=grad_bytes, activation_bytes=activation_bytes, pipeline_split=split.value,
+                          sequence_parallel=sequence_parallel, capacity_factor=capacity_factor)
+    except LoomInputError as exc:  # name the flag
+        flag = "--capacity-factor" if exc.field == "capacity_factor" else exc.field
+        raise LoomInputError(exc.message, field=flag) from None
     return job, hardware
 
 
@@ -166,14 +199,21 @@ def build_placement(dp_minipods: int, pp_minipods: int) -> Any:
 
 
 def _check_pinned(job: Any, gpus: int, knobs: Choices) -> None:
-    """Reject pinned tp/pp/vpp that no plan for this job could use, naming the flag."""
-    from loom.perf.inputs import PlanError, check_pipeline, check_tp
+    """Reject pinned tp/pp/vpp/cp/ep that no plan for this job could use, naming the flag."""
+    from loom.perf.inputs import PlanError, check_cp, check_pipeline, check_tp
 
-    tp, pp, vpp = knobs.tp or 1, knobs.pp or 1, knobs.vpp or 1
-    if gpus % (tp * pp * (knobs.dp or 1)):
-        raise PlanError(f"tp·pp·dp = {tp * pp * (knobs.dp or 1)} does not divide {gpus} GPUs", field="tp")
+    tp, pp, vpp, cp = knobs.tp or 1, knobs.pp or 1, knobs.vpp or 1, knobs.cp or 1
     check_tp(job.model, tp)
     check_pipeline(job.model.layers, pp, vpp, job.pipeline_split)
+    check_cp(job.model, cp)
+    if gpus % (tp * pp * cp * (knobs.dp or 1)):
+        raise PlanError(f"tp·pp·cp·dp = {tp * pp * cp * (knobs.dp or 1)} does not divide {gpus} GPUs", field="tp")
+    ep, experts = knobs.ep or 1, job.model.experts
+    if ep > 1 and experts == 1:
+        raise PlanError(f"--ep {ep} needs an MoE model (--experts > 1 or an MoE preset); nearest: --ep 1", field="ep")
+    if experts % ep:
+        nearest = max(e for e in range(1, ep) if experts % e == 0)
+        raise PlanError(f"--ep {ep} must divide the experts ({experts}); nearest: --ep {nearest}", field="ep")
 
 
 def _search(job: Any, hardware: Any, gpus: int, knobs: Choices, top: int, placement: Any = None) -> Any:
@@ -189,16 +229,16 @@ def _search(job: Any, hardware: Any, gpus: int, knobs: Choices, top: int, placem
 
 
 def _fixed_knobs(job: Any, gpus: int, knobs: Choices) -> Choices:
-    """Without --plan auto: tp, pp, vpp default to 1 and dp to GPUs/(tp·pp); check the plan."""
+    """Without --plan auto: tp, pp, vpp, cp, ep default to 1 and dp to GPUs/(tp·pp·cp); check the plan."""
     from loom.core.plan import ParallelPlan
     from loom.perf.inputs import check_plan
     from loom.perf.search import Choices
 
-    tp, pp, vpp = knobs.tp or 1, knobs.pp or 1, knobs.vpp or 1
-    dp = knobs.dp or gpus // (tp * pp)
-    trial = ParallelPlan(dp, tp, pp, knobs.micro_batch or 1, vpp, knobs.zero or 0, knobs.recompute or "none")
+    tp, pp, vpp, cp, ep = knobs.tp or 1, knobs.pp or 1, knobs.vpp or 1, knobs.cp or 1, knobs.ep or 1
+    dp = knobs.dp or gpus // (tp * pp * cp)
+    trial = ParallelPlan(dp, tp, pp, knobs.micro_batch or 1, vpp, knobs.zero or 0, knobs.recompute or "none", 0, cp, ep)
     check_plan(job, trial, gpus)  # PlanError naming the field
-    return Choices(tp, pp, dp, knobs.micro_batch, vpp, knobs.zero, knobs.recompute)
+    return Choices(tp, pp, dp, knobs.micro_batch, vpp, knobs.zero, knobs.recompute, cp=cp, ep=ep)
 
 
 def resolve(job: Any, hardware: Any, gpus: int, knobs: Choices, auto: bool, placement: Any = None
@@ -215,7 +255,8 @@ def resolve(job: Any, hardware: Any, gpus: int, knobs: Choices, auto: bool, plac
         result = _search(job, hardware, gpus, knobs, top=1, placement=placement)
         return result.best, result.reason, searched
     values = [getattr(knobs, name) for name in ("dp", "tp", "pp", "micro_batch", "vpp", "zero", "recompute")]
-    estimate = default_estimator().estimate(job, hardware, ParallelPlan(*values), placement or build_placement(1, 1))
+    plan = ParallelPlan(*values, cp=knobs.cp or 1, ep=knobs.ep or 1)
+    estimate = default_estimator().estimate(job, hardware, plan, placement or build_placement(1, 1))
     return estimate, estimate.reason, []
 
 
@@ -236,6 +277,8 @@ def _print_estimate(job: Any, hardware: Any, estimate: Any, searched: list[str])
             ("virtual stages", f"{plan.virtual_stages}{mark('vpp')}"), ("ZeRO stage", f"{plan.zero_stage}{mark('zero')}"),
             ("recompute", f"{plan.recompute}{mark('recompute')}"),
             ("layers per stage", _describe_split(_stage_layers(job, plan)))]
+    if plan.cp > 1 or plan.ep > 1 or job.model.is_moe or job.model.seq_len >= 8192:
+        rows.insert(2, ("cp · ep", f"{plan.cp} · {plan.ep}{mark('cp', 'ep')}"))
     rows += list(zip(("iteration s", "tokens/s", "TFLOP/s per GPU (model)", "MFU", "memory GiB/GPU"), _fmt_row(estimate)))
     rows += [("hardware TFLOP/s per GPU", f"{estimate.hardware_tflops_per_gpu:,.1f}"),
              ("feasible", "yes" if estimate.feasible else f"no: {estimate.reason}")]
@@ -276,21 +319,23 @@ def estimate(
     gpu_type: GpuType, gpus: Gpus, global_batch: GlobalBatch, model: Model = None, layers: Layers = None,
     hidden: Hidden = None, heads: Heads = None, seq: Seq = None, vocab: Vocab = None, ffn_hidden: FfnHidden = None,
     kv_heads: KvHeads = None, ffn_type: FfnTypeOpt = None, untied_embeddings: Untied = False,
+    experts: Experts = None, top_k: TopK = None, capacity_factor: CapacityFactor = 1.0,
     pipeline_split: SplitOpt = PipelineSplit.uneven, no_sequence_parallel: NoSeqPar = False,
     micro_batch: MicroBatch = None, tp: Tp = None, pp: Pp = None, dp: Dp = None, vpp: Vpp = None, zero: Zero = None,
+    cp: Cp = None, ep: Ep = None, distributed_optimizer: DistOpt = False,
     recompute: RecomputeOpt = None, plan: PlanOpt = None, gpus_per_node: GpusPerNode = 8, nic_gbps: NicGbps = None,
     precision: PrecisionOpt = Precision.bf16, no_flash_attention: NoFlash = False, as_json: AsJson = False,
     grad_bytes: GradBytes = 2, activation_bytes: ActBytes = 2, dp_minipods: DpMinipods = 1,
     pp_minipods: PpMinipods = 1,
 ) -> None:
     """Iteration time, throughput, MFU and memory of one plan; omitted knobs are searched."""
-    from loom.perf.search import Choices
 
     job, hardware, placement, knobs = _command_inputs(
-        model, layers, hidden, heads, seq, vocab, shape_options(ffn_hidden, kv_heads, ffn_type, untied_embeddings),
+        model, layers, hidden, heads, seq, vocab,
+        shape_options(ffn_hidden, kv_heads, ffn_type, untied_embeddings, experts, top_k),
         gpu_type, gpus_per_node, nic_gbps, global_batch, precision, no_flash_attention, grad_bytes, activation_bytes,
-        dp_minipods, pp_minipods, Choices(tp, pp, dp, micro_batch, vpp, zero, recompute.value if recompute else None),
-        pipeline_split, not no_sequence_parallel)
+        dp_minipods, pp_minipods, _choices(tp, pp, dp, micro_batch, vpp, zero, recompute, cp, ep, distributed_optimizer),
+        pipeline_split, not no_sequence_parallel, capacity_factor)
     best, reason, searched = resolve(job, hardware, gpus, knobs, plan is PlanMode.auto, placement)
     if as_json:
         out = best.as_dict() if best is not None else {"feasible": False, "reason": reason}
@@ -389,21 +434,23 @@ def plan(
     gpu_type: GpuType, gpus: Gpus, global_batch: GlobalBatch, model: Model = None, layers: Layers = None,
     hidden: Hidden = None, heads: Heads = None, seq: Seq = None, vocab: Vocab = None, ffn_hidden: FfnHidden = None,
     kv_heads: KvHeads = None, ffn_type: FfnTypeOpt = None, untied_embeddings: Untied = False,
+    experts: Experts = None, top_k: TopK = None, capacity_factor: CapacityFactor = 1.0,
     pipeline_split: SplitOpt = PipelineSplit.uneven, no_sequence_parallel: NoSeqPar = False,
     micro_batch: MicroBatch = None, tp: Tp = None, pp: Pp = None, dp: Dp = None, vpp: Vpp = None, zero: Zero = None,
+    cp: Cp = None, ep: Ep = None, distributed_optimizer: DistOpt = False,
     recompute: RecomputeOpt = None, top: Top = 10, gpus_per_node: GpusPerNode = 8, nic_gbps: NicGbps = None,
     precision: PrecisionOpt = Precision.bf16, no_flash_attention: NoFlash = False, as_json: AsJson = False,
     cells: Cells = True, grad_bytes: GradBytes = 2, activation_bytes: ActBytes = 2, dp_minipods: DpMinipods = 1,
     pp_minipods: PpMinipods = 1,
 ) -> None:
     """The fastest feasible plans (every knob not pinned is searched), best first."""
-    from loom.perf.search import Choices
 
     job, hardware, placement, knobs = _command_inputs(
-        model, layers, hidden, heads, seq, vocab, shape_options(ffn_hidden, kv_heads, ffn_type, untied_embeddings),
+        model, layers, hidden, heads, seq, vocab,
+        shape_options(ffn_hidden, kv_heads, ffn_type, untied_embeddings, experts, top_k),
         gpu_type, gpus_per_node, nic_gbps, global_batch, precision, no_flash_attention, grad_bytes, activation_bytes,
-        dp_minipods, pp_minipods, Choices(tp, pp, dp, micro_batch, vpp, zero, recompute.value if recompute else None),
-        pipeline_split, not no_sequence_parallel)
+        dp_minipods, pp_minipods, _choices(tp, pp, dp, micro_batch, vpp, zero, recompute, cp, ep, distributed_optimizer),
+        pipeline_split, not no_sequence_parallel, capacity_factor)
     _check_pinned(job, gpus, knobs)
     result = _search(job, hardware, gpus, knobs, top=top, placement=placement)
     if not result.top:
@@ -457,7 +504,7 @@ def _print_plans(job: Any, hardware: Any, gpus: int, result: Any, rows: list[tup
 
 # -- when nothing fits: the one-line answer and the smallest change that fits ------------
 KNOB_FLAGS = {"tp": "--tp", "pp": "--pp", "dp": "--dp", "micro_batch": "--micro-batch", "vpp": "--vpp",
-              "zero": "--zero", "recompute": "--recompute"}
+              "zero": "--zero", "recompute": "--recompute", "cp": "--cp", "ep": "--ep"}
 MAX_GPU_FACTOR = 64  # look for a GPU count that fits up to 64 × the one asked for
 
 
