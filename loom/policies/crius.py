@@ -83,7 +83,7 @@ class Crius:
     def __init__(self, search_depth: int = 8, admit_depth: int = 3, restart_delay_s: float = 30.0,
                  profiling_s_per_cell: float = 20.0, starvation_s: float = 3600.0, opportunistic: bool = True,
                  max_candidates: int = 16, min_gain: float = 0.05, min_remaining_factor: float = 2.0,
-                 max_scale: int = 4, admit_min_gain: float = -0.5, tune_cells: int = 4,
+                 max_scale: int = 4, admit_min_gain: float = -0.5, tune_cells: int = 8,
                  regrow_hold_s: float = 1800.0, grow_other_types: bool = True,
                  run_while_profiling: bool = True, reuse_profiles: bool = True) -> None:
         self.search_depth = params.integer(search_depth, "search_depth", low=0)

@@ -13,8 +13,11 @@ Cell estimate (one cheap grid sample per Cell); the plan a job *runs* on the
 (type, count) it gets is tuned for exactly those GPUs when the decision is
 made: the Cells of that count (stage counts 1, 2, 4, …) are estimated for the
 job as the speed model runs it there (its batch rule at that count), the
-`tune_cells` best-ranked are tuned inside (`loom.perf.cells.tune_cell`, each
-stage's preferred half), and the fastest tuned plan expressible as one uniform
+`tune_cells` (8: every stage count up to 128 GPUs) best-ranked — Cells with no
+fitting sample last — are tuned inside (`loom.perf.cells.tune_cell`: each
+stage's preferred half, the whole Cell when its sample did not fit; the sample
+at micro-batch 1 misranks Cells whose best plan needs larger micro-batches, so
+one Cell is not enough), and the fastest tuned plan expressible as one uniform
 `ParallelPlan` (re-priced as the estimator prices that plan) wins; the Cell's
 sampled plan is the fallback. Tuned plans are kept per (model, batch, type,
 count), so each shape is tuned once per run.
@@ -104,7 +107,7 @@ def cell_counts(n: int, max_scale: int) -> list[int]:
 class CellBook:
     """Cells of every job seen, built once per job for one topology."""
 
-    def __init__(self, topology: Topology, max_scale: int, profiling_s_per_cell: float, tune_cells: int = 4,
+    def __init__(self, topology: Topology, max_scale: int, profiling_s_per_cell: float, tune_cells: int = 8,
                  reuse_profiles: bool = True) -> None:
         self.max_scale = max_scale
         self.reuse_profiles = reuse_profiles
@@ -147,8 +150,10 @@ class CellBook:
         return found
 
     def _tune(self, tj: TrainingJob, hardware: Hardware, gpus: int) -> TunedPlan:
+        """Rank the Cells by their sampled estimate (those it finds no fitting sample for last:
+        ZeRO-1 without recomputation may not fit where ZeRO-2/3 does), tune the best `tune_cells`."""
         ranked = [ce for ce in build_cells(tj, gpus, {hardware.gpu_type: hardware}, self.estimator, counts=[gpus])
-                  if ce.estimate is not None]
+                  if ce.parts]
         sampled = min((self._priced(tj, hardware, gpus, ce.estimate) for ce in ranked),
                       key=lambda e: e.iteration_s if e else float("inf"), default=None)
         best = sampled
