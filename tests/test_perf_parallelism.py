@@ -261,10 +261,10 @@ def test_search_tries_cp_for_long_sequences_only():
 
 
 def test_search_falls_back_to_cp_when_memory_forces_it():
-    """Unfused attention, no recomputation, tp = pp = 1 on 8 A10s: no cp = 1 plan fits (the scores
+    """Unfused attention, no recomputation, tp = 1 on 8 A10s: no cp = 1 plan fits (the scores
     alone), cp = 2 halves the activations and fits. fastest_plan agrees with the full search."""
     job = TrainingJob(small_gpt_4k(), 8, flash_attention=False)
-    a10, choices = Hardware("A10"), Choices(recompute="none", tp=1, pp=1)
+    a10, choices = Hardware("A10"), Choices(recompute="none", tp=1)
     assert not any(EST.fits(job, a10, p) for p in candidate_plans(job, a10, 8, choices))
     full = search_plans(job, a10, 8, choices=choices, top=1, estimator=Estimator(CAL))
     assert full.best is not None and full.best.plan.cp == 2
@@ -286,3 +286,11 @@ def test_search_tries_ep_for_moe_and_agrees_with_branch_and_bound():
 
 def small_gpt_4k() -> ModelSpec:
     return ModelSpec(name="t4k", layers=16, hidden=2048, heads=16, seq_len=4096, vocab=32000)
+
+
+def test_pinning_tp_and_pp_to_1_means_data_parallel_only():
+    """The policies' plain-DP checks (written before cp and ep) keep their meaning."""
+    dp_only = Choices(tp=1, pp=1, vpp=1)
+    assert {(p.cp, p.ep) for p in candidate_plans(MIXTRAL, H100, 8, dp_only)} == {(1, 1)}
+    assert {(p.cp, p.ep) for p in candidate_plans(LLAMA8, H100, 8, dp_only)} == {(1, 1)}
+    assert {p.ep for p in candidate_plans(MIXTRAL, H100, 8, Choices(tp=1, pp=1, ep=8))} == {8}

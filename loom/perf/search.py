@@ -11,7 +11,9 @@ Context parallelism is searched over cp ∈ {1, 2, 4, 8} for sequences of at lea
 search cp = 1 only, and cp ∈ {2, 4, 8} only when no plan with cp = 1 fits in
 memory. Expert parallelism is searched for MoE models over the divisors of the
 experts that divide dp·cp (EP adds no GPUs). Dense models with short sequences
-thus search exactly the plans they did before cp and ep existed.
+thus search exactly the plans they did before cp and ep existed. Pinning tp = pp = 1
+asks for data parallelism only (the policies' "plain DP" checks, written before cp and
+ep existed), so cp and ep are then 1 unless pinned as well (`Choices.data_parallel_only`).
 """
 
 from __future__ import annotations
@@ -52,6 +54,11 @@ class Choices:
     cp: int | None = None
     ep: int | None = None
 
+    @property
+    def data_parallel_only(self) -> bool:
+        """tp and pp pinned to 1: no model parallelism, so unpinned cp and ep are 1, not searched."""
+        return self.tp == 1 and self.pp == 1
+
 
 @dataclass(frozen=True, slots=True)
 class SearchResult:
@@ -81,7 +88,7 @@ def cp_fallback(est: Estimator, job: TrainingJob, hardware: Hardware, gpus: int,
     exceeds the memory, no cp helps and the fallback is skipped (it bounds the search's cost
     on the many jobs too big for their GPUs)."""
     model = job.model
-    if choices.cp is not None or model.kind == "cnn" or model.seq_len >= LONG_SEQUENCE:
+    if choices.cp is not None or model.kind == "cnn" or model.seq_len >= LONG_SEQUENCE or choices.data_parallel_only:
         return False
     if not any(c > 1 and gpus % c == 0 and model.seq_len % (2 * c) == 0 for c in CONTEXT_PARALLEL):
         return False
@@ -336,11 +343,11 @@ def _memory_of(reason: str) -> float:
 
 def _cp_options(job: TrainingJob, ranks: int, choices: Choices, fallback: bool) -> list[int]:
     """cp: the pinned one; else 1, 2, 4, 8 dividing the ranks and 2·cp the sequence, for a long
-    sequence; else 1 (and only cp > 1 in the `fallback` search)."""
+    sequence; else 1 (and only cp > 1 in the `fallback` search); 1 for data parallelism only."""
     if choices.cp is not None:
         return [choices.cp] if ranks % choices.cp == 0 else []
     model = job.model
-    if model.kind == "cnn":
+    if model.kind == "cnn" or choices.data_parallel_only:
         return [1]
     long = model.seq_len >= LONG_SEQUENCE
     if not (long or fallback):
@@ -350,11 +357,12 @@ def _cp_options(job: TrainingJob, ranks: int, choices: Choices, fallback: bool) 
 
 
 def _ep_options(job: TrainingJob, ranks: int, choices: Choices) -> list[int]:
-    """ep: the pinned one; else, for an MoE model, the divisors of the experts dividing dp·cp."""
+    """ep: the pinned one; else, for an MoE model, the divisors of the experts dividing dp·cp
+    (1 for data parallelism only)."""
     if choices.ep is not None:
         return [choices.ep]
     experts = job.model.experts
-    if experts == 1:
+    if experts == 1 or choices.data_parallel_only:
         return [1]
     return [e for e in range(1, min(experts, ranks) + 1) if experts % e == 0 and ranks % e == 0]
 
