@@ -148,3 +148,10 @@ def test_torchtitan_is_eager_unless_compiled(tmp_path, table, note, fused):
                   "micro_batch": "2", "source_table": table, "note": note, "precision": "bf16"}
     (run,), _ = load_h100_era(write_rows(tmp_path, row))
     assert run.job.fused_kernels is fused
+
+
+def test_model_shape_errors_name_the_csv_column(tmp_path):
+    path = write_rows(tmp_path, GOOD | {"arch": "moe", "num_experts": "2", "topk": "4"})
+    with pytest.raises(LoomInputError, match="top_k") as info:
+        load_h100_era(path)
+    assert (info.value.line, info.value.field) == (2, "topk")

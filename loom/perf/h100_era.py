@@ -266,8 +266,9 @@ def _model(cells: _Cells) -> ModelSpec:
             ffn_hidden=cells.int("ffn_hidden"), seq_len=cells.int("seq_len"), vocab=cells.int("vocab", lead=True),
             experts=experts, top_k=cells.int("topk") if experts > 1 else 1, **flags, **extra,  # type: ignore[arg-type]
         )  # fmt: skip
-    except LoomInputError as exc:
-        raise cells.error(exc.field or "model", exc.message) from None
+    except LoomInputError as exc:  # ModelSpec's field, named by the CSV column it came from
+        column = {"experts": "num_experts", "top_k": "topk"}.get(exc.field or "", exc.field or "model")
+        raise cells.error(column, exc.message) from None
 
 
 def _plan_fields(cells: _Cells, fsdp: bool) -> dict[str, int | str]:
