@@ -24,6 +24,7 @@ from loom.perf.search import (
     search_plans,
 )
 from loom.perf.sync import zero3_exposed
+from loom.perf.work import stage_work
 
 # An explicit calibration, so the pinned prices below do not move when the bundled one is refitted.
 CAL = Calibration(gemm_efficiency=0.7, link_efficiency=0.7, memory_efficiency=0.8, half_bw_intra_mb=8.0,
@@ -294,3 +295,33 @@ def test_pinning_tp_and_pp_to_1_means_data_parallel_only():
     assert {(p.cp, p.ep) for p in candidate_plans(MIXTRAL, H100, 8, dp_only)} == {(1, 1)}
     assert {(p.cp, p.ep) for p in candidate_plans(LLAMA8, H100, 8, dp_only)} == {(1, 1)}
     assert {p.ep for p in candidate_plans(MIXTRAL, H100, 8, Choices(tp=1, pp=1, ep=8))} == {8}
+
+
+# -- FP8 recipes and TP overlap (requested by the H100-era calibration) ------------------
+def test_fp8_prices_attention_core_and_lm_head_at_the_bf16_rate():
+    hw, plan = H100, ParallelPlan(dp=8, tp=2, micro_batch=1, zero_stage=1)
+    bf16 = EST.estimate(LLAMA8, hw, plan)
+    fp8 = EST.estimate(TrainingJob(preset("llama3-8b"), 64, precision="fp8"), hw, plan)
+    stage = uniform_stages(LLAMA8, hw, plan)[0]
+    gemm, traffic, _, kept = stage_work(LLAMA8, stage, 1, "none", LLAMA8.model.matmul_weights_per_token() / 32)
+    spec = hw.spec
+    rate = {p: spec.peak_tflops(p) * 1e12 * CAL.gemm_fraction(spec.name, p) for p in ("bf16", "fp8")}
+    per_mb = (gemm - kept) / rate["fp8"] + kept / rate["bf16"] + traffic / (spec.memory_bw_gbps * 1e9 * CAL.memory_efficiency)
+    assert breakdown(fp8)["compute"] == pytest.approx(8 * per_mb, rel=1e-12)
+    assert breakdown(fp8)["compute"] < breakdown(bf16)["compute"]
+    # attention core (4·b·s²·h per layer, 3 passes) and LM head (2·b·s·h·V, 3 passes), per TP rank
+    s, h, v = 8192, 4096, 128256
+    assert kept == pytest.approx(3 * (32 * 4 * s * s * h + 2 * s * h * v) / 2, rel=1e-12)
+
+
+def test_overlap_tp_exposes_only_what_exceeds_the_compute():
+    plan = ParallelPlan(dp=2, tp=8, micro_batch=1, zero_stage=1)
+    plain = EST.estimate(LLAMA8, H100, plan)
+    overlapped = EST.estimate(TrainingJob(preset("llama3-8b"), 64, overlap_tp=True), H100, plan)
+    assert breakdown(overlapped)["compute"] == breakdown(plain)["compute"]
+    expected = max(0.0, breakdown(plain)["tp_comm"] - breakdown(plain)["compute"])
+    assert breakdown(overlapped)["tp_comm"] == pytest.approx(expected, abs=1e-12)
+    assert overlapped.iteration_s < plain.iteration_s
+    with pytest.raises(LoomInputError) as info:
+        TrainingJob(preset("llama3-8b"), 64, overlap_tp="yes")
+    assert info.value.field == "overlap_tp"

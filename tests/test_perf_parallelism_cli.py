@@ -71,3 +71,13 @@ def test_bad_cp_ep_and_capacity_factor_are_one_line_naming_the_flag(extra, needl
     res = runner.invoke(app, ["estimate", *MIXTRAL_64, *extra])
     assert res.exit_code == 2 and needle in res.output and "nearest" in res.output or "capacity" in needle
     assert "Traceback" not in res.output
+
+
+def test_overlap_tp_flag_matches_the_library():
+    base = ["estimate", *LLAMA3_16, "--tp", "8", "--micro-batch", "1", "--zero", "1", "--recompute", "none", "--json"]
+    _, plain = _json(base)
+    _, overlapped = _json([*base, "--overlap-tp"])
+    job = TrainingJob(preset("llama3-8b"), 64, overlap_tp=True)
+    plan = ParallelPlan(dp=2, tp=8, micro_batch=1, zero_stage=1)
+    assert overlapped["iteration_s"] == default_estimator().estimate(job, Hardware("H100"), plan).iteration_s
+    assert overlapped["breakdown_s"]["tp_comm"] < plain["breakdown_s"]["tp_comm"]

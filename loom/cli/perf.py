@@ -81,6 +81,8 @@ TopK = Annotated[int | None, typer.Option("--top-k", min=1, help="Custom model: 
 CapacityFactor = Annotated[float, typer.Option(
     "--capacity-factor", help="MoE expert capacity / balanced share (1.0: dropless, balanced; pads expert compute and "
                               "all-to-all).")]
+OverlapTp = Annotated[bool, typer.Option(
+    "--overlap-tp", help="Megatron-Core's TP communication overlap: TP collectives exposed only beyond the compute.")]
 DistOpt = Annotated[bool, typer.Option(
     "--distributed-optimizer", help="Megatron's distributed optimizer: optimizer state sharded over DP (= --zero 1).")]
 Pp = Annotated[int | None, typer.Option("--pp", min=1, help="Pipeline-parallel size.")]
@@ -121,12 +123,13 @@ def _command_inputs(model: Any, layers: Any, hidden: Any, heads: Any, seq: Any, 
                     gpu_type: str, gpus_per_node: int, nic_gbps: Any, global_batch: int, precision: Precision,
                     no_flash: bool, grad_bytes: int, activation_bytes: int, dp_minipods: int, pp_minipods: int,
                     knobs: Choices, split: PipelineSplit = PipelineSplit.uneven,
-                    sequence_parallel: bool = True, capacity_factor: float = 1.0) -> tuple[Any, Any, Any, Choices]:
+                    sequence_parallel: bool = True, capacity_factor: float = 1.0,
+                    overlap_tp: bool = False) -> tuple[Any, Any, Any, Choices]:
     """What `estimate` and `plan` share: the job, hardware, group spread and pinned knobs."""
     spec = build_model(model, {"layers": layers, "hidden": hidden, "heads": heads, "seq_len": seq, "vocab": vocab},
                        options)
     job, hardware = build_inputs(gpu_type, gpus_per_node, nic_gbps, spec, global_batch, precision, no_flash,
-                                 grad_bytes, activation_bytes, split, sequence_parallel, capacity_factor)
+                                 grad_bytes, activation_bytes, split, sequence_parallel, capacity_factor, overlap_tp)
     return job, hardware, build_placement(dp_minipods, pp_minipods), knobs
 
 
@@ -178,14 +181,14 @@ def build_model(model: str | None, shape: dict[str, int | None], options: dict[s
 def build_inputs(gpu_type: str, gpus_per_node: int, nic_gbps: float | None, model: Any, global_batch: int,
                  precision: Precision, no_flash: bool, grad_bytes: int = 2, activation_bytes: int = 2,
                  split: PipelineSplit = PipelineSplit.uneven, sequence_parallel: bool = True,
-                 capacity_factor: float = 1.0) -> tuple[Any, Any]:
+                 capacity_factor: float = 1.0, overlap_tp: bool = False) -> tuple[Any, Any]:
     from loom.perf.inputs import Hardware, TrainingJob
 
     hardware = Hardware(gpu_type, gpus_per_node=gpus_per_node, nic_gbps=nic_gbps)
     try:
         job = TrainingJob(model, global_batch, precision=precision.value, flash_attention=not no_flash,
                           grad_bytes=grad_bytes, activation_bytes=activation_bytes, pipeline_split=split.value,
-                          sequence_parallel=sequence_parallel, capacity_factor=capacity_factor)
+                          sequence_parallel=sequence_parallel, capacity_factor=capacity_factor, overlap_tp=overlap_tp)
     except LoomInputError as exc:  # name the flag
         flag = "--capacity-factor" if exc.field == "capacity_factor" else exc.field
         raise LoomInputError(exc.message, field=flag) from None
@@ -322,7 +325,7 @@ def estimate(
     experts: Experts = None, top_k: TopK = None, capacity_factor: CapacityFactor = 1.0,
     pipeline_split: SplitOpt = PipelineSplit.uneven, no_sequence_parallel: NoSeqPar = False,
     micro_batch: MicroBatch = None, tp: Tp = None, pp: Pp = None, dp: Dp = None, vpp: Vpp = None, zero: Zero = None,
-    cp: Cp = None, ep: Ep = None, distributed_optimizer: DistOpt = False,
+    cp: Cp = None, ep: Ep = None, distributed_optimizer: DistOpt = False, overlap_tp: OverlapTp = False,
     recompute: RecomputeOpt = None, plan: PlanOpt = None, gpus_per_node: GpusPerNode = 8, nic_gbps: NicGbps = None,
     precision: PrecisionOpt = Precision.bf16, no_flash_attention: NoFlash = False, as_json: AsJson = False,
     grad_bytes: GradBytes = 2, activation_bytes: ActBytes = 2, dp_minipods: DpMinipods = 1,
@@ -335,7 +338,7 @@ def estimate(
         shape_options(ffn_hidden, kv_heads, ffn_type, untied_embeddings, experts, top_k),
         gpu_type, gpus_per_node, nic_gbps, global_batch, precision, no_flash_attention, grad_bytes, activation_bytes,
         dp_minipods, pp_minipods, _choices(tp, pp, dp, micro_batch, vpp, zero, recompute, cp, ep, distributed_optimizer),
-        pipeline_split, not no_sequence_parallel, capacity_factor)
+        pipeline_split, not no_sequence_parallel, capacity_factor, overlap_tp)
     best, reason, searched = resolve(job, hardware, gpus, knobs, plan is PlanMode.auto, placement)
     if as_json:
         out = best.as_dict() if best is not None else {"feasible": False, "reason": reason}
@@ -437,7 +440,7 @@ def plan(
     experts: Experts = None, top_k: TopK = None, capacity_factor: CapacityFactor = 1.0,
     pipeline_split: SplitOpt = PipelineSplit.uneven, no_sequence_parallel: NoSeqPar = False,
     micro_batch: MicroBatch = None, tp: Tp = None, pp: Pp = None, dp: Dp = None, vpp: Vpp = None, zero: Zero = None,
-    cp: Cp = None, ep: Ep = None, distributed_optimizer: DistOpt = False,
+    cp: Cp = None, ep: Ep = None, distributed_optimizer: DistOpt = False, overlap_tp: OverlapTp = False,
     recompute: RecomputeOpt = None, top: Top = 10, gpus_per_node: GpusPerNode = 8, nic_gbps: NicGbps = None,
     precision: PrecisionOpt = Precision.bf16, no_flash_attention: NoFlash = False, as_json: AsJson = False,
     cells: Cells = True, grad_bytes: GradBytes = 2, activation_bytes: ActBytes = 2, dp_minipods: DpMinipods = 1,
@@ -450,7 +453,7 @@ def plan(
         shape_options(ffn_hidden, kv_heads, ffn_type, untied_embeddings, experts, top_k),
         gpu_type, gpus_per_node, nic_gbps, global_batch, precision, no_flash_attention, grad_bytes, activation_bytes,
         dp_minipods, pp_minipods, _choices(tp, pp, dp, micro_batch, vpp, zero, recompute, cp, ep, distributed_optimizer),
-        pipeline_split, not no_sequence_parallel, capacity_factor)
+        pipeline_split, not no_sequence_parallel, capacity_factor, overlap_tp)
     _check_pinned(job, gpus, knobs)
     result = _search(job, hardware, gpus, knobs, top=top, placement=placement)
     if not result.top:

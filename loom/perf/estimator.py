@@ -29,7 +29,7 @@ from loom.hardware.gpus import GpuSpec
 from loom.perf.calibration import Calibration, load_calibration
 from loom.perf.comm import BusBandwidthComm, CommModel, GroupShape, Links
 from loom.perf.context import ring_attention_s
-from loom.perf.flops import CNN_SPATIAL_REUSE, flops_per_iteration
+from loom.perf.flops import flops_per_iteration
 from loom.perf.inputs import (
     PACKED,
     Hardware,
@@ -39,9 +39,7 @@ from loom.perf.inputs import (
     check_plan,
 )
 from loom.perf.memory import (
-    CNN_ACTIVATION_BYTES_PER_PARAM_IMAGE,
     GIB,
-    layer_activation_bytes,
     stage_memory_bytes,
     zero_shards,
 )
@@ -50,17 +48,13 @@ from loom.perf.moe import (
     all_to_all_s,
     expert_dp_shape,
     expert_params_per_layer,
-    padding_weights_per_layer,
 )
 from loom.perf.plan_cache import PlanCache, default_plan_cache
 from loom.perf.stages import StageSpec, uniform_stages
 from loom.perf.sync import dp_sync, zero3_exposed
+from loom.perf.work import stage_work
 
 OPTIMIZER_BYTES_PER_PARAM = 28.0  # Adam step: read fp32 master/m/v + grad, write them + bf16 weights
-# Eager (unfused) transformer layers move ~2.5x the bytes of fused ones: counting
-# HF Llama's ops per token (fp32 RMSNorm upcasts, rotary slicing/cat, SiLU·up,
-# residual adds) gives ~171·h bytes forward vs ~68·h for Megatron's fused kernels.
-UNFUSED_TRAFFIC_FACTOR = 2.5
 # Host side of optimizer offload, per GPU: DDR bandwidth share (~400 GB/s per
 # 2-socket node / 8 GPUs at ~50%) and the PCIe Gen4 x16 link for grads/weights.
 HOST_MEMORY_GBPS_PER_GPU = 25.0
@@ -393,13 +387,19 @@ class Estimator:
         for one micro-batch."""
         hw, cal = stage.hardware, self.calibration
         spec, links = _hardware_numbers(hw)
-        gemm, traffic, backward_share = self._stage_work(job, stage, mb, recompute)
-        flop_s = spec.peak_tflops(job.precision) * 1e12 * cal.gemm_fraction(spec.name, job.precision)
-        compute = gemm / flop_s + traffic / (spec.memory_bw_gbps * 1e9 * cal.memory_efficiency)
+        gemm, traffic, backward_share, bf16_gemm = stage_work(job, stage, mb, recompute,
+                                                              _model_numbers(job.model).weights_per_layer)
+        flop_s = attention_flop_s = spec.peak_tflops(job.precision) * 1e12 * cal.gemm_fraction(spec.name, job.precision)
+        if job.precision == "fp8":  # FP8 recipes run the attention core and the LM head in BF16
+            attention_flop_s = spec.peak_tflops("bf16") * 1e12 * cal.gemm_fraction(spec.name, "bf16")
+            gemm_s = (gemm - bf16_gemm) / flop_s + bf16_gemm / attention_flop_s
+        else:
+            gemm_s = gemm / flop_s
+        compute = gemm_s + traffic / (spec.memory_bw_gbps * 1e9 * cal.memory_efficiency)
         tp_s = cp_s = 0.0
         if stage.cp > 1:  # this rank's forward attention core of one layer: s/cp queries × s keys
             attention = 4.0 * mb * job.model.seq_len**2 * job.model.attention_width / (stage.tp * stage.cp)
-            cp_s = ring_attention_s(self.comm, links, job, stage, mb, recompute, attention / flop_s)
+            cp_s = ring_attention_s(self.comm, links, job, stage, mb, recompute, attention / attention_flop_s)
         if stage.tp > 1:
             model = job.model
             tokens = mb * model.seq_len / stage.cp if stage.cp > 1 else mb * model.seq_len
@@ -409,6 +409,8 @@ class Estimator:
             calls = 4 + (2 if recompute == "full" else 0)
             group = GroupShape(size=stage.tp, per_node=min(stage.tp, hw.gpus_per_node))
             tp_s = stage.layers * calls * self.comm.all_reduce(tokens * model.hidden * job.tp_bytes, group, links)
+            if job.overlap_tp:  # Megatron-Core's tp_comm_overlap: hidden behind the GEMMs, the excess shows
+                tp_s = max(0.0, tp_s - compute)
         return compute, compute * backward_share, tp_s + cp_s, tp_s, cp_s, 0.0
 
     def _memo_compute(self, job: TrainingJob, stage: StageSpec, mb: int, recompute: str, memo: _StageMemo) -> _Work:
@@ -472,43 +474,6 @@ class Estimator:
             spec = _hardware_numbers(stage.hardware)[0]
             optimizer_s = OPTIMIZER_BYTES_PER_PARAM * updated / (spec.memory_bw_gbps * 1e9 * cal.memory_efficiency)
         return params, dp_s, zero3_fwd, optimizer_s, zero3_bwd, experts
-
-    def _stage_work(self, job: TrainingJob, stage: StageSpec, mb: int, recompute: str) -> tuple[float, float, float]:
-        """GEMM FLOPs and memory traffic per GPU for one micro-batch, and the
-        share of the time spent in the backward pass."""
-        model = job.model
-        if model.kind == "cnn":
-            forward = 2.0 * model.total_params() * CNN_SPATIAL_REUSE * mb
-            fwd_traffic = 2.0 * CNN_ACTIVATION_BYTES_PER_PARAM_IMAGE * model.total_params() * mb
-            return 3.0 * forward, 3.0 * fwd_traffic, 2.0 / 3.0
-        tp, layers = stage.tp, stage.layers
-        tokens = mb * model.seq_len
-        weights_per_layer = _model_numbers(model).weights_per_layer
-        if model.experts > 1 and job.capacity_factor != 1.0:  # padded expert buffers (`loom.perf.moe`)
-            weights_per_layer += padding_weights_per_layer(job)
-        attention = 4.0 * mb * model.seq_len**2 * model.attention_width
-        fwd_layer = 2.0 * tokens * weights_per_layer + attention
-        # the whole sequence (/ cp below); MoE layers' MLP traffic counted as one MLP's (see ESTIMATOR.md, Limits)
-        traffic_layer = 2.0 * layer_activation_bytes(job, mb, tp, "none", expert_copies=False)
-        if not job.fused_kernels:
-            traffic_layer *= UNFUSED_TRAFFIC_FACTOR
-        forward = layers * fwd_layer / tp
-        if tp > model.kv_heads:  # replicated KV heads: each rank projects one K and one V head
-            forward += layers * 2.0 * tokens * model.kv_replicated_weights(tp)
-        fwd_traffic = layers * traffic_layer
-        if stage.last:
-            logits = 2.0 * tokens * model.hidden * model.vocab / tp
-            forward += logits
-            fwd_traffic += 12.0 * tokens * model.vocab / tp
-        gemm, traffic = 3.0 * forward, 3.0 * fwd_traffic
-        if recompute == "full":
-            gemm += forward
-            traffic += fwd_traffic
-        elif recompute == "selective":
-            gemm += layers * attention / tp
-        if stage.cp > 1:  # every term is linear in this rank's s/cp tokens (attention: s/cp queries × s keys)
-            return gemm / stage.cp, traffic / stage.cp, (gemm - forward) / gemm
-        return gemm, traffic, (gemm - forward) / gemm
 
     def _stage_params(self, job: TrainingJob, stage: StageSpec) -> float:
         model = job.model

@@ -14,7 +14,9 @@ from loom.perf.comm import Links
 from loom.perf.model import ModelSpec
 from loom.perf.presets import preset
 
-PRECISIONS = ("bf16", "fp16", "fp8")  # fp8: FP8 matmuls (GpuSpec.tflops_fp8), the rest in BF16
+# fp8: FP8 matmuls (GpuSpec.tflops_fp8) except the attention core and the LM head, which FP8 recipes
+# (Transformer Engine, DeepSeek-V3) keep in BF16 and the estimator prices at the BF16 peak
+PRECISIONS = ("bf16", "fp16", "fp8")
 PIPELINE_SPLITS = ("even", "uneven")  # see loom.perf.stages
 DEFAULT_BATCH = 256  # a trace job's batch when its trace gives none
 
@@ -54,6 +56,10 @@ class TrainingJob:
     # c > 1 pads each expert's buffer to c × that share, so expert GEMMs and the all-to-all
     # carry c × the tokens (`loom.perf.moe`). Ignored for dense models.
     capacity_factor: float = 1.0
+    # Megatron-Core's TP communication overlap (``--tp-comm-overlap``, Transformer Engine userbuffers):
+    # TP collectives are split and pipelined with the GEMMs they feed, so only the part beyond the
+    # stage's compute is exposed. Off by default (plain Megatron-LM, the Table 1 runs, FSDP stacks).
+    overlap_tp: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch <= 0:
@@ -64,8 +70,9 @@ class TrainingJob:
             raise LoomInputError(
                 f"must be one of {', '.join(PIPELINE_SPLITS)}, got {self.pipeline_split!r}", field="pipeline_split"
             )
-        if not isinstance(self.sequence_parallel, bool):
-            raise LoomInputError(f"must be true or false, got {self.sequence_parallel!r}", field="sequence_parallel")
+        for flag in ("sequence_parallel", "overlap_tp"):
+            if not isinstance(getattr(self, flag), bool):
+                raise LoomInputError(f"must be true or false, got {getattr(self, flag)!r}", field=flag)
         cf = self.capacity_factor
         if isinstance(cf, bool) or not isinstance(cf, (int, float)) or not 1.0 <= cf <= 16.0:
             raise LoomInputError(
