@@ -223,7 +223,7 @@ class _Round:
         return {k: o for k, o in cells.options.items() if cells.ready_at.get(k, 0.0) <= elapsed}
 
     def admissible(self, job: Job) -> bool:
-        """Its Cells of at most N GPUs profiled: admission may start it."""
+        """Its Cells of N GPUs profiled: admission may start it (on the options known)."""
         return self.now >= job.spec.submit_time + self.p.cells_of(job).admit_delay_s - 1e-9
 
     def current_value(self, job: Job) -> float:
@@ -417,9 +417,10 @@ class _Round:
             r = self.job_of[jid]
             if not self.admissible(r):
                 continue
-            lower = [c for (tt, c) in self.options(r) if tt == t and c < alloc.total and 2 * c >= r.gpus]
+            known = self.known(r)
+            lower = [c for (tt, c) in known if tt == t and c < alloc.total and 2 * c >= r.gpus]
             if lower:
-                shrinkable.append((alloc.total - min(lower), r, self.options(r)[(t, min(lower))]))
+                shrinkable.append((alloc.total - min(lower), r, known[(t, min(lower))]))
         shrinkable.sort(key=lambda x: -x[0])
         for _, r, o in shrinkable:
             if self.rescale(r, o, f"shrunk for starved job {job.job_id} (waited {self.now - job.spec.submit_time:.0f}s)"):
@@ -434,7 +435,7 @@ class _Round:
             if job.job_id in self.touched:
                 continue
             why = "starved: priority" if job.job_id in self.starved else "queue order"
-            opts = sorted((o for o in self.options(job).values() if o.gpus <= job.gpus),
+            opts = sorted((o for o in self.known(job).values() if o.gpus <= job.gpus),
                           key=lambda o: (-o.value, o.gpus))
             if any(self.avail(o.gpu_type, job) >= o.gpus and self.start(job, o, why) for o in opts):
                 continue

@@ -30,10 +30,10 @@ and kept, communication offline): a Cell — (model, batch, type, count,
 stages) — profiled for an earlier job is not profiled again, and one being
 profiled is waited for; a type's device profiles only the job's new Cells, in
 turn. A job without a preset is profiled once per allowed type, never reused.
-Each device profiles the Cells of at most N GPUs first, then the largest
-counts down to 2N (`_profile_order`): admission only considers those, so a job may be admitted after
-`admit_delay_s`; a larger (type, count) option becomes usable for growth as
-soon as its Cells are profiled (`ready_at`), all of them after `delay_s`.
+Each device profiles the Cells of N GPUs first, then the largest counts down
+to 2N, then N/2 (`_profile_order`): a job may be admitted after
+`admit_delay_s` (its N-GPU Cells known); any (type, count) option becomes
+usable as soon as its Cells are profiled (`ready_at`), all after `delay_s`.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class JobCells:
     options: dict[tuple[str, int], Option]
     delay_s: float  # every Cell profiled: growth may use them all
     requested: int
-    admit_delay_s: float = 0.0  # the Cells of at most N GPUs profiled: admission may start the job
+    admit_delay_s: float = 0.0  # the Cells of N GPUs profiled: admission may start the job
     ready_at: dict[tuple[str, int], float] = field(default_factory=dict)  # option → its Cells profiled (s)
 
 
@@ -189,7 +189,7 @@ class CellBook:
                     options[(t, n)] = Option(t, n, 1.0, 1, None)
                 per_type[t] = [("job", job.job_id, t)]
         ready_at = self._profile(spec.submit_time, per_type, n)
-        admit = max((s for (_, c), s in ready_at.items() if c <= n), default=0.0)
+        admit = max((s for (_, c), s in ready_at.items() if c == n), default=0.0)
         return JobCells(options, max(ready_at.values(), default=0.0), n, admit, ready_at)
 
     def _profile(self, arrival: float, per_type: dict[str, list[tuple]], n: int) -> dict[tuple[str, int], float]:
@@ -254,12 +254,12 @@ class CellBook:
 
 
 def _profile_order(key: tuple, n: int) -> tuple[int, int]:
-    """Cells of N, then N/2 GPUs first (admission needs them), then the largest counts down to
-    2N: on an idle cluster growth goes straight to the largest Cell, so it is known first."""
+    """Cells of N GPUs first (admission starts a job on N), then the largest counts down to 2N
+    (on an idle cluster growth goes straight to the largest Cell), then N/2 (shrinking only)."""
     if key[0] == "job":
         return (0, 0)
     count = key[3]
-    return (0, n - count) if count <= n else (1, -count)
+    return (0, 0) if count == n else (1, -count) if count > n else (2, -count)
 
 
 __all__ = ["CellBook", "JobCells", "Option", "TunedPlan", "cell_counts"]
