@@ -138,9 +138,9 @@ def test_even_split_refusal_suggests_the_nearest_plan():
 def test_interleaving_refusal_suggests_vpp_1_or_another_pp():
     job = TrainingJob(preset("llama3-405b"), 1024, pipeline_split="uneven")
     with pytest.raises(PlanError) as info:
-        check_plan(job, ParallelPlan(dp=8, tp=8, pp=16, virtual_stages=2), 1024)
+        check_plan(job, ParallelPlan(dp=8, tp=8, pp=16, virtual_stages=3), 1024)
     assert info.value.field == "pp"
-    assert "nearest: vpp=1 or pp=9 or pp=21 with vpp=2" in info.value.message
+    assert "nearest: vpp=2 or vpp=4 or pp=14 or pp=21 with vpp=3" in info.value.message
 
 
 def test_more_stages_than_layers_is_refused():

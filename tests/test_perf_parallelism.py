@@ -325,3 +325,15 @@ def test_overlap_tp_exposes_only_what_exceeds_the_compute():
     with pytest.raises(LoomInputError) as info:
         TrainingJob(preset("llama3-8b"), 64, overlap_tp="yes")
     assert info.value.field == "overlap_tp"
+
+
+def test_interleaving_may_count_the_embedding_and_loss_as_layers():
+    """Megatron-Core's split for Llama 3.1 405B on pp 8 × vpp 8: (126 + 2) / 64 = 2 layers per
+    virtual stage, the first and last one short; priced as the uneven physical split."""
+    job = TrainingJob(preset("llama3-405b"), 512)
+    plan = ParallelPlan(dp=1, tp=8, pp=8, virtual_stages=8, micro_batch=1, zero_stage=1, recompute="full")
+    check_plan(job, plan, 64)
+    assert [s.layers for s in uniform_stages(job, H100, plan) for _ in range(s.count)] == [15] + [16] * 6 + [15]
+    assert EST.estimate(job, H100, plan).iteration_s > 0
+    with pytest.raises(PlanError, match="not divisible by pp·vpp"):  # only with the uneven split
+        check_plan(TrainingJob(preset("llama3-405b"), 512, pipeline_split="even"), plan, 64)

@@ -252,12 +252,18 @@ def check_pipeline(layers: int, pp: int, vpp: int, split: str = "uneven") -> Non
                         field="pp")
     if layers % (pp * vpp) == 0:
         return
+    if vpp > 1 and split == "uneven" and embedding_and_loss_split(layers, pp, vpp):
+        return
     if vpp > 1:
-        vpps = [v for v in range(1, layers // pp + 1) if layers % (pp * v) == 0 or (v == 1 and split == "uneven")]
-        pps = [p for p in range(2, layers // vpp + 1) if layers % (p * vpp) == 0]
+        uneven = split == "uneven"
+        vpps = [v for v in range(1, layers // pp + 1)
+                if layers % (pp * v) == 0 or (uneven and (v == 1 or embedding_and_loss_split(layers, pp, v)))]
+        pps = [p for p in range(2, layers // vpp + 1)
+               if layers % (p * vpp) == 0 or (uneven and embedding_and_loss_split(layers, p, vpp))]
         options = [_nearest("vpp", vpp, vpps), _nearest("pp", pp, pps) + f" with vpp={vpp}" if pps else ""]
         raise PlanError(
-            f"layers ({layers}) not divisible by pp·vpp = {pp}·{vpp} (interleaving needs equal virtual stages); "
+            f"layers ({layers}) not divisible by pp·vpp = {pp}·{vpp} (interleaving needs equal virtual stages, or "
+            f"layers + 2 divisible by pp·vpp with the embedding and the loss counted as a layer each); "
             f"nearest: {' or '.join(o for o in options if o)}",
             field="pp",
         )
@@ -267,6 +273,16 @@ def check_pipeline(layers: int, pp: int, vpp: int, split: str = "uneven") -> Non
             "or pipeline_split='uneven' (first and last stages get fewer layers)",
             field="pp",
         )
+
+
+def embedding_and_loss_split(layers: int, pp: int, vpp: int) -> bool:
+    """Megatron-Core's interleaved split that counts the embedding and the loss as a layer each
+    (``--account-for-embedding-in-pipeline-split``, ``--account-for-loss-in-pipeline-split``): valid
+    when layers + 2 divides into pp·vpp virtual stages of at least 2, the first and the last one
+    layer short (Llama 3.1 405B: 126 layers on pp 8 × vpp 8, 2 per virtual stage). Per physical
+    stage that is `loom.perf.stages.split_layers`' uneven split (15, 16×6, 15), so it is priced as one."""
+    chunks = pp * vpp
+    return (layers + 2) % chunks == 0 and (layers + 2) // chunks >= 2
 
 
 def _divisors(n: int) -> list[int]:
