@@ -133,9 +133,9 @@ def test_bundled_calibration_reproduces_the_core_rows():
     cal = load_calibration()
     core = [r for r in runs if r.core]
     errors = [abs(era_error(r, cal)) for r in core]
-    assert statistics.mean(errors) <= 0.18
+    assert statistics.mean(errors) <= 0.10  # the floor is on leave-one-out (bench: 8.2%)
     fitted = [abs(era_error(r, cal)) for r in core if era_group(r) is not None]
-    assert fitted and statistics.mean(fitted) <= 0.20
+    assert fitted and statistics.mean(fitted) <= 0.10
 
 
 @pytest.mark.parametrize(
