@@ -348,6 +348,9 @@ def test_torchrun_reports_the_failing_ranks_own_exit_code(tmp_path: Path) -> Non
         import os, sys, time
         open(f"rank{os.environ['RANK']}-of-{os.environ['WORLD_SIZE']}", "w").write(os.environ["LOOM_JOB_ID"])
         if os.environ["RANK"] == "1":
+            deadline = time.time() + 30  # fail only once rank 0 has started, or torchrun may stop it first
+            while not os.path.exists("rank0-of-2") and time.time() < deadline:
+                time.sleep(0.05)
             sys.exit(3)
         time.sleep(60)
     """))
