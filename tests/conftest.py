@@ -5,11 +5,6 @@ import os
 import pytest
 from hypothesis import HealthCheck, is_hypothesis_test, settings
 
-# Two xdist workers share two cores, so OpenMP threads (LightGBM's, PyTorch's) that spin while
-# waiting steal the other worker's core: `loom predict eval` trains 1.7x slower next to a busy
-# core than with passive waiting (same model). Set before any test imports them; subprocesses inherit it.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_trace_cache(tmp_path_factory):
